@@ -1,0 +1,155 @@
+"""Plain autoregressive decoding and lossless speculative decoding, in one short explicit loop.
+
+One iteration = one target pass. The token `next_token` is verified (it was chosen by the target) but not yet
+run through the target. The drafter proposes k tokens after it; the target scores [next_token, d1..dk] in one
+pass; the rejection rule keeps a prefix d1..dn and yields one more token (a correction, or the bonus token
+when all k survive); the cache is rolled back to the verified prefix; the drafter ingests the newly verified
+tokens with their features. Plain decoding is the same loop with k = 0.
+
+Acceptance length tau = tokens committed per target pass, bonus/correction included (DFlash/EAGLE convention).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+
+from hyflash.drafters.base import Drafter
+from hyflash.sampling import SamplingConfig, logits_to_probs, sample, verify_block
+from hyflash.targets import Target
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]
+    text: str = ""
+    prompt_tokens: int = 0
+    target_passes: int = 0  # verification / decode passes after the prefill
+    committed_per_pass: list[int] = field(default_factory=list)
+    drafted_by_position: list[int] = field(default_factory=list)  # passes in which slot k was drafted
+    accepted_by_position: list[int] = field(default_factory=list)  # ... and accepted
+    prefill_time: float = 0.0
+    draft_time: float = 0.0
+    verify_time: float = 0.0
+    total_time: float = 0.0
+    draft_memory_bytes: int = 0  # at the end of generation (peak for every drafter we ship)
+
+    @property
+    def tau(self) -> float:
+        return sum(self.committed_per_pass) / max(1, len(self.committed_per_pass))
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_by_position, self.drafted_by_position)]
+
+    @property
+    def tokens_per_second(self) -> float:
+        # Decode speed: output tokens over time after the prefill, the part speculative decoding speeds up.
+        decode_time = self.total_time - self.prefill_time
+        return len(self.tokens) / decode_time if decode_time > 0 else float("nan")
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out.update(
+            tau=self.tau,
+            acceptance_by_position=self.acceptance_by_position,
+            tokens_per_second=self.tokens_per_second,
+            new_tokens=len(self.tokens),
+        )
+        return out
+
+
+def _record_acceptance(result: GenerationResult, drafted: int, accepted: int) -> None:
+    while len(result.drafted_by_position) < drafted:
+        result.drafted_by_position.append(0)
+        result.accepted_by_position.append(0)
+    for k in range(drafted):
+        result.drafted_by_position[k] += 1
+        result.accepted_by_position[k] += int(k < accepted)
+
+
+def generate(
+    target: Target,
+    prompt_ids: list[int] | torch.Tensor,
+    drafter: Drafter | None = None,
+    max_new_tokens: int = 128,
+    sampling: SamplingConfig = SamplingConfig(),
+    seed: int = 0,
+    on_tokens: Callable[[list[int]], None] | None = None,
+    stop_at_eos: bool = True,
+) -> GenerationResult:
+    """Generate up to max_new_tokens after the prompt; speculative when a drafter is given.
+
+    The output equals plain decoding token for token under greedy settings (up to floating-point rounding
+    of multi-token passes) and in distribution under sampling.
+    """
+    if max_new_tokens < 1:
+        raise ValueError("max_new_tokens must be >= 1")
+    prompt = torch.as_tensor(prompt_ids, dtype=torch.long).view(-1)
+    generator = torch.Generator().manual_seed(seed)
+    want_features = drafter is not None and drafter.needs_features
+    # Never run past the model's context: the last committed token needs no target pass of its own.
+    max_new_tokens = min(max_new_tokens, target.max_context - len(prompt))
+    result = GenerationResult(tokens=[], prompt_tokens=len(prompt))
+
+    start = time.perf_counter()
+    out = target.prefill(prompt, features=want_features)
+    next_token = int(sample(logits_to_probs(out.logits[-1], sampling), generator))
+    if drafter is not None:
+        drafter.reset()
+        drafter.ingest(prompt, out.features)
+    result.prefill_time = time.perf_counter() - start
+    committed = [next_token]
+    if on_tokens:
+        on_tokens([next_token])
+
+    while len(committed) < max_new_tokens and not (stop_at_eos and next_token in target.eos_token_ids):
+        # k drafts: bounded by the block, by the tokens still wanted and by the model's context.
+        room = min(max_new_tokens - len(committed), target.max_context - target.cache_length) - 1
+        t0 = time.perf_counter()
+        draft = None
+        if drafter is not None and room > 0:
+            draft = drafter.draft(next_token, min(drafter.block_size - 1, room), sampling, generator)
+        draft_tokens = draft.tokens if draft is not None else torch.empty(0, dtype=torch.long)
+        t1 = time.perf_counter()
+
+        block = torch.cat([torch.tensor([next_token]), draft_tokens.cpu()])
+        position = target.cache_length  # where next_token sits
+        scored = target.score(block, features=want_features)
+        target_probs = logits_to_probs(scored.logits, sampling)
+        n_accepted, next_token = verify_block(
+            target_probs, draft_tokens.cpu(), None if draft is None else draft.probs, sampling, generator
+        )
+        target.rollback(position + 1 + n_accepted)
+        if drafter is not None:
+            verified_features = None if scored.features is None else scored.features[: 1 + n_accepted]
+            drafter.ingest(block[: 1 + n_accepted], verified_features)
+        t2 = time.perf_counter()
+
+        new = draft_tokens[:n_accepted].tolist() + [next_token]
+        if stop_at_eos:
+            for i, tok in enumerate(new):
+                if tok in target.eos_token_ids:
+                    new = new[: i + 1]
+                    next_token = tok
+                    break
+        new = new[: max_new_tokens - len(committed)]
+        committed.extend(new)
+        result.target_passes += 1
+        result.committed_per_pass.append(len(new))
+        _record_acceptance(result, len(draft_tokens), n_accepted)
+        result.draft_time += t1 - t0
+        result.verify_time += t2 - t1
+        if on_tokens:
+            on_tokens(new)
+
+    result.total_time = time.perf_counter() - start
+    result.tokens = committed
+    if drafter is not None:
+        result.draft_memory_bytes = drafter.memory_bytes()
+    if target.tokenizer is not None:
+        result.text = target.decode(committed)
+    return result

@@ -1,0 +1,44 @@
+"""Prompt-lookup / n-gram drafter: copy what followed the latest earlier occurrence of the current suffix.
+
+A real, training-free baseline (the idea behind Hugging Face's prompt-lookup decoding). Deterministic, so
+its draft distribution is one-hot and the rejection rule stays exact at any temperature.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hyflash.drafters.base import Draft, Drafter
+from hyflash.sampling import SamplingConfig
+
+
+class NgramDrafter(Drafter):
+    needs_features = False
+
+    def __init__(self, block_size: int = 8, max_ngram: int = 3, min_ngram: int = 1):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError("need 1 <= min_ngram <= max_ngram")
+        self.block_size = block_size
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.reset()
+
+    def reset(self) -> None:
+        self.history = torch.empty(0, dtype=torch.long)
+
+    def ingest(self, tokens: torch.Tensor, features: torch.Tensor | None = None) -> None:
+        self.history = torch.cat([self.history, tokens.detach().to("cpu", torch.long).view(-1)])
+
+    def draft(self, last_token: int, num_tokens: int, sampling: SamplingConfig, generator=None) -> Draft:
+        seq = torch.cat([self.history, torch.tensor([last_token])])
+        for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
+            suffix = seq[-n:]
+            windows = seq[:-1].unfold(0, n, 1)  # every earlier n-gram (excluding the suffix itself)
+            hits = (windows == suffix).all(-1).nonzero().flatten()
+            if len(hits):
+                start = int(hits[-1]) + n  # the most recent match is usually the most relevant
+                return Draft(tokens=seq[start : start + num_tokens].clone())
+        return Draft(tokens=torch.empty(0, dtype=torch.long))
+
+    def memory_bytes(self) -> int:
+        return self.history.numel() * self.history.element_size()

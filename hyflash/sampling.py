@@ -1,0 +1,105 @@
+"""Sampling settings, logit warping and the exact speculative rejection rule.
+
+Everything here works on float32 probabilities. The rejection rule is the textbook one (Leviathan et al.,
+Chen et al.): accept draft token d with probability min(1, p(d)/q(d)); on rejection sample from
+normalise(max(p - q, 0)); if every draft is accepted, sample a bonus token from p. With this rule the output
+distribution equals the target's, whatever the drafter proposes, provided q is the distribution the draft
+token was actually drawn from (a deterministic drafter has a one-hot q).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hyflash.errors import HyflashError
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """temperature 0 means greedy; top_k 0 and top_p 1 disable those filters."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise HyflashError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise HyflashError(f"top-p must be in (0, 1], got {self.top_p}; use 1 to disable it")
+        if self.top_k < 0:
+            raise HyflashError(f"top-k must be >= 0 (0 disables it), got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def logits_to_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """Warp logits [..., V] by temperature, top-k and top-p; return float32 probabilities.
+
+    Greedy settings give a one-hot distribution on the argmax, so greedy is the limit of sampling and the
+    same verification code can serve both.
+    """
+    logits = logits.float()
+    if sampling.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    logits = logits / sampling.temperature
+    if sampling.top_k and sampling.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, sampling.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(-1)
+        # Drop a token when the mass strictly before it already reaches top_p (the top token always stays).
+        drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= sampling.top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Draw one token per row of probs [..., V] (argmax when the row is one-hot)."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    out = torch.multinomial(flat, 1, generator=generator).squeeze(-1)
+    return out.reshape(probs.shape[:-1])
+
+
+def verify_block(
+    target_probs: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    sampling: SamplingConfig,
+    generator: torch.Generator | None,
+) -> tuple[int, int]:
+    """Decide how many of k draft tokens to keep and which token comes next.
+
+    target_probs: [k+1, V] warped target distributions at the k draft slots plus the bonus slot.
+    draft_tokens: [k]; draft_probs: [k, V] distributions the drafts were drawn from, or None when the drafter
+    is deterministic (one-hot q). Returns (number accepted, the correction or bonus token).
+    """
+    k = draft_tokens.shape[0]
+    if sampling.greedy:
+        best = target_probs.argmax(-1)
+        n = 0
+        while n < k and int(draft_tokens[n]) == int(best[n]):
+            n += 1
+        return n, int(best[n])
+    for i in range(k):
+        d = int(draft_tokens[i])
+        p = target_probs[i]
+        q = draft_probs[i] if draft_probs is not None else torch.nn.functional.one_hot(
+            draft_tokens[i], p.shape[-1]
+        ).float()
+        ratio = p[d] / q[d] if q[d] > 0 else torch.tensor(0.0)
+        u = torch.rand((), generator=generator)
+        if u < ratio:
+            continue
+        residual = (p - q).clamp_min(0)
+        total = residual.sum()
+        # total is 0 only when p == q, where a rejection has probability 0; guard against float dust.
+        residual = residual / total if total > 0 else p
+        return i, int(sample(residual, generator))
+    return k, int(sample(target_probs[k], generator))

@@ -1,0 +1,88 @@
+"""Shared fixtures: tiny random Llama and Gemma-3 targets (fp32, fast) and the real default model (slow)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+def _sharpen(model, scale: float = 10.0) -> None:
+    """Random init gives near-uniform logits (and tied heads just repeat the last token). An untied, scaled
+    head gives varied text with a top probability around 0.2-0.8: no near-ties, still worth sampling."""
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(scale)
+
+
+def tiny_llama(seed: int = 0, vocab: int = 97, layers: int = 4, hidden: int = 32):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config).float().eval()
+    _sharpen(model)
+    return model
+
+
+def tiny_gemma3(seed: int = 0, vocab: int = 101, layers: int = 4, hidden: int = 32, sliding_window: int = 8):
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(seed)
+    config = Gemma3TextConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=512,
+        sliding_window=sliding_window,
+        layer_types=["sliding_attention", "full_attention"] * (layers // 2),
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
+        tie_word_embeddings=False,
+    )
+    model = Gemma3ForCausalLM(config).float().eval()
+    _sharpen(model)
+    return model
+
+
+@pytest.fixture(scope="session")
+def llama_target():
+    from hyflash.targets import Target
+
+    return Target(tiny_llama(), name="tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def gemma_target():
+    from hyflash.targets import Target
+
+    return Target(tiny_gemma3(), name="tiny-gemma3")
+
+
+@pytest.fixture(scope="session")
+def smollm2_fp32():
+    """The real default target in fp32 (converted once into the user cache, then ~1 s to load)."""
+    if os.environ.get("HYFLASH_SKIP_REAL_MODEL"):
+        pytest.skip("HYFLASH_SKIP_REAL_MODEL is set")
+    from hyflash.targets import Target
+
+    return Target.load("smollm2-135m", dtype="float32")
