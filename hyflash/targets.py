@@ -85,13 +85,19 @@ def _convert_gguf(folder: Path, gguf_file: str, out: Path) -> None:
     print(f"converting {gguf_file} once into {out} ...", flush=True)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32)
+    # The weights are already dequantised to fp32; drop the GGUF quantiser so transformers will save them.
     model.config.quantization_config = None
+    model.hf_quantizer = None
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        os.replace(tmp, out)
+        try:
+            os.replace(tmp, out)
+        except OSError:
+            if not (out / "config.json").exists():  # another process may have finished the same conversion
+                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
