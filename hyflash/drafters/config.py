@@ -1,0 +1,145 @@
+"""One dataclass configures the whole drafter family: `full`, `local`, `memory` and `hyflash`.
+
+The kinds differ only in which context a draft block sees (see docs/drafters.md):
+
+  full     every verified token's context K/V (the DFlash baseline; memory grows with context)
+  local    the last `window` tokens (plus up to chunk_size-1 not yet evicted), no recurrent memory
+  memory   the recurrent state of the prefix, plus the < chunk_size tokens of the chunk being filled
+  hyflash  the last `window` tokens plus the recurrent state of everything older
+
+Tokens leave the window in chunks of `chunk_size`: after n verified tokens the memory covers positions
+[0, m) with m = chunk_size * max(0, (n - window) // chunk_size) and attention covers [m, n).
+The recurrent memory has one state per attention head, of size head_dim x head_dim, and reads the same
+key/value projections as the attention, so kinds compare at (almost exactly) equal parameter count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+from hyflash.errors import HyflashError
+
+KINDS = ("full", "local", "memory", "hyflash")
+MEMORY_RULES = ("linear", "gated", "delta", "gated_delta")
+MEMORY_COMBINES = ("gate", "sum")
+
+
+@dataclass
+class DrafterConfig:
+    kind: str = "hyflash"
+    num_layers: int = 1
+    block_size: int = 16  # the anchor (last verified token) plus block_size - 1 draft slots
+    window: int = 64  # local attention window (local, hyflash); ignored by full and memory
+    memory_rule: str = "gated_delta"  # linear | gated | delta | gated_delta (memory, hyflash)
+    chunk_size: int = 16  # eviction chunk: tokens are folded into the memory this many at a time
+    num_heads: int = 0  # attention heads = memory heads; 0 = hidden // head_dim
+    head_dim: int = 64  # attention head size = memory key and value size (state head_dim x head_dim)
+    intermediate_size: int = 0  # MLP width; 0 = 8/3 hidden rounded up to a multiple of 64
+    memory_combine: str = "gate"  # gate: attn + sigmoid(W x) * memory per head | sum: attn + memory
+    slot_inputs: bool = True  # add the anchor embedding and last context feature to every block slot
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-6
+    mask_token_id: int | None = None  # None: a learned mask vector; else this embedding row
+    draft_vocab_size: int | None = None  # None: full vocabulary; else that many target ids (a buffer)
+    # The target the drafter was built for (checked when loading).
+    target_name: str = ""
+    target_hidden_size: int = 0
+    target_vocab_size: int = 0
+    target_num_layers: int = 0
+    feature_layers: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                raise HyflashError(f"bad drafter config: {message}")
+
+        need(self.kind in KINDS, f"kind {self.kind!r} is not one of {', '.join(KINDS)}")
+        need(self.memory_rule in MEMORY_RULES, f"memory rule {self.memory_rule!r} is not one of {', '.join(MEMORY_RULES)}")
+        need(self.memory_combine in MEMORY_COMBINES, f"memory_combine must be one of {', '.join(MEMORY_COMBINES)}")
+        need(self.num_layers >= 1, f"num_layers must be >= 1, got {self.num_layers}")
+        need(self.block_size >= 2, f"block_size must be >= 2, got {self.block_size}")
+        need(self.window >= 1 or self.kind in ("full", "memory"), f"window must be >= 1, got {self.window}")
+        need(self.chunk_size >= 1, f"chunk_size must be >= 1, got {self.chunk_size}")
+        need(self.head_dim >= 2 and self.head_dim % 2 == 0, f"head_dim must be even, got {self.head_dim}")
+        need(self.num_heads >= 0 and self.intermediate_size >= 0, "num_heads and intermediate_size must be >= 0")
+        need(self.draft_vocab_size is None or self.draft_vocab_size >= 1, "draft_vocab_size must be >= 1")
+        self.feature_layers = [int(i) for i in self.feature_layers]
+
+    # ----- derived facts -------------------------------------------------------------------------------
+    @property
+    def has_memory(self) -> bool:
+        return self.kind in ("memory", "hyflash")
+
+    @property
+    def attention_window(self) -> int | None:
+        """Guaranteed attention span in tokens: None = everything (full), 0 for memory-only."""
+        return {"full": None, "memory": 0}.get(self.kind, self.window)
+
+    @property
+    def window_capacity(self) -> int | None:
+        """Most context tokens attention ever holds (window + an unfinished chunk); None = unbounded."""
+        w = self.attention_window
+        return None if w is None else w + self.chunk_size - 1
+
+    def memory_start(self, n: int) -> int:
+        """With n verified tokens, positions [0, start) live in the memory, [start, n) in the window."""
+        w = self.attention_window
+        if w is None:
+            return 0
+        return self.chunk_size * max(0, (n - w) // self.chunk_size)
+
+    def signature(self) -> dict:
+        return {
+            "hidden_size": self.target_hidden_size,
+            "vocab_size": self.target_vocab_size,
+            "num_layers": self.target_num_layers,
+            "feature_layers": list(self.feature_layers),
+        }
+
+    # ----- construction --------------------------------------------------------------------------------
+    @classmethod
+    def for_target(cls, target, **overrides) -> "DrafterConfig":
+        """A config for `target` (a hyflash.targets.Target): signature filled in, sizes resolved."""
+        sig = target.signature()
+        config = cls(
+            target_name=str(getattr(target, "name", "")),
+            target_hidden_size=sig["hidden_size"],
+            target_vocab_size=sig["vocab_size"],
+            target_num_layers=sig["num_layers"],
+            feature_layers=list(sig["feature_layers"]),
+            **overrides,
+        )
+        return config.resolved()
+
+    def resolved(self) -> "DrafterConfig":
+        """Fill the automatic sizes (0) from the target's hidden size."""
+        hidden = self.target_hidden_size
+        if hidden <= 0:
+            raise HyflashError("bad drafter config: target_hidden_size is not set (build it with for_target)")
+        if self.num_heads == 0:
+            self.head_dim = min(self.head_dim, hidden - hidden % 2)
+            self.num_heads = max(1, hidden // self.head_dim)
+        if self.intermediate_size == 0:
+            self.intermediate_size = max(64, -(-8 * hidden // 3 // 64) * 64)
+        if self.draft_vocab_size is not None and self.draft_vocab_size > self.target_vocab_size:
+            raise HyflashError(
+                f"bad drafter config: draft_vocab_size {self.draft_vocab_size} exceeds the target's "
+                f"vocabulary of {self.target_vocab_size}"
+            )
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "DrafterConfig":
+        if not isinstance(data, dict):
+            raise HyflashError("bad drafter config: expected a JSON object")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise HyflashError(f"bad drafter config: unknown fields {unknown} (written by a newer hyflash?)")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise HyflashError(f"bad drafter config: {exc}") from exc

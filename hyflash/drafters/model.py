@@ -1,0 +1,174 @@
+"""The drafter family as one model: fused target features -> a few decoder layers over a draft block.
+
+A block anchored at position a is [tokens[a], MASK, ..., MASK] at positions a..a+B-1; it sees target features
+of positions < a only (the feature of position a does not exist yet at draft time), and slot k predicts
+tokens[a+k]. With `slot_inputs`, every slot also gets a projection of the anchor's embedding and of the
+fused feature of position a-1. The target's embedding and LM head are borrowed frozen and never saved.
+
+`train_forward` runs many anchors per sequence in one pass; `hyflash.drafters.state.DrafterState` runs the
+same layers incrementally at inference; `hyflash.drafters.reference` is the one-anchor-at-a-time oracle.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hyflash.drafters import loading, memory
+from hyflash.drafters.config import DrafterConfig
+from hyflash.drafters.layers import DrafterLayer, FeatureFusion, LayerContext, rope
+from hyflash.errors import HyflashError
+
+
+class DrafterModel(nn.Module):
+    def __init__(self, config: DrafterConfig, target):
+        super().__init__()
+        config = config.resolved()
+        loading.check_target(config, target)
+        self.config = config
+        self.target = target  # a plain attribute: its weights are neither parameters nor saved
+        H = config.target_hidden_size
+        self.fusion = FeatureFusion(len(config.feature_layers), H, config.rms_eps)
+        self.mask_embedding = None
+        if config.mask_token_id is None:
+            self.mask_embedding = nn.Parameter(torch.randn(H) * 0.02)
+        if config.slot_inputs:
+            self.anchor_proj = nn.Linear(H, H, bias=False)
+            self.context_proj = nn.Linear(H, H, bias=False)
+        self.layers = nn.ModuleList(DrafterLayer(config) for _ in range(config.num_layers))
+        self.norm = nn.RMSNorm(H, eps=config.rms_eps)
+        vocab = None if config.draft_vocab_size is None else torch.arange(config.draft_vocab_size)
+        self.register_buffer("draft_vocab_ids", vocab)  # draft index -> target token id (None = identity)
+        self._head_cache = None
+
+    # ----- small facts ---------------------------------------------------------------------------------
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.norm.weight.dtype
+
+    def param_count(self) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+    # ----- frozen target pieces ------------------------------------------------------------------------
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return self.target.embed(ids.to(self.target.device)).to(self.norm.weight)
+
+    def _head_weight(self) -> torch.Tensor:
+        weight = self.target.model.get_output_embeddings().weight
+        if self.draft_vocab_ids is None:
+            return weight.detach()
+        key = (weight.data_ptr(), weight._version, self.draft_vocab_ids._version, weight.device)
+        if self._head_cache is None or self._head_cache[0] != key:
+            self._head_cache = (key, weight.detach()[self.draft_vocab_ids.to(weight.device)])
+        return self._head_cache[1]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float logits over the draft vocabulary (the target's frozen LM head rows)."""
+        w = self._head_weight()
+        return F.linear(hidden.to(w), w).float()
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids if self.draft_vocab_ids is None else self.draft_vocab_ids[draft_ids]
+
+    def to_full_vocab(self, probs: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary probabilities [..., Vd] -> target-vocabulary probabilities [..., V] (zeros elsewhere)."""
+        if self.draft_vocab_ids is None:
+            return probs
+        full = probs.new_zeros(*probs.shape[:-1], self.config.target_vocab_size)
+        return full.index_copy_(-1, self.draft_vocab_ids.to(probs.device), probs)
+
+    def set_draft_vocab(self, ids) -> None:
+        """Choose the target token ids of the reduced draft vocabulary (e.g. the most frequent ones)."""
+        ids = torch.as_tensor(ids, dtype=torch.long).view(-1)
+        if self.draft_vocab_ids is None or ids.numel() != self.draft_vocab_ids.numel():
+            raise ValueError(f"need exactly draft_vocab_size={self.config.draft_vocab_size} ids")
+        if ids.unique().numel() != ids.numel() or not (0 <= int(ids.min()) and int(ids.max()) < self.config.target_vocab_size):
+            raise ValueError("draft vocabulary ids must be distinct target token ids")
+        self.draft_vocab_ids.copy_(ids)
+
+    # ----- shared forward pieces -----------------------------------------------------------------------
+    def mask_vector(self) -> torch.Tensor:
+        if self.mask_embedding is not None:
+            return self.mask_embedding
+        return self.embed(torch.tensor(self.config.mask_token_id))
+
+    def block_inputs(self, anchor_tokens: torch.Tensor, last_context: torch.Tensor) -> torch.Tensor:
+        """anchor_tokens [B, A], last_context [B, A, H] (fused feature of position a-1) -> x [B, A, S, H]."""
+        emb = self.embed(anchor_tokens)
+        B, A, H = emb.shape
+        x = torch.cat([emb[:, :, None], self.mask_vector().expand(B, A, self.config.block_size - 1, H)], 2)
+        if self.config.slot_inputs:
+            x = x + (self.anchor_proj(emb) + self.context_proj(last_context))[:, :, None]
+        return x
+
+    def layer_context(self, k, v, positions, valid=None, state=None) -> LayerContext:
+        """Context keys/values [B, A, L, heads, d] (un-RoPE'd, positions [B, A, L]) -> a LayerContext."""
+        k = rope(k, positions, self.config.rope_theta)
+        return LayerContext(k.transpose(-2, -3), v.transpose(-2, -3), valid, state)
+
+    def blocks_forward(self, x, positions, contexts: list[LayerContext]) -> torch.Tensor:
+        for layer, ctx in zip(self.layers, contexts):
+            x = layer(x, positions, ctx)
+        return self.norm(x)
+
+    # ----- training ------------------------------------------------------------------------------------
+    def train_forward(self, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        """features [B, T, nF, H], tokens [B, T], anchors [B, A] (0 < a < T) -> hidden [B, A, S-1, H] of slots
+        1..S-1; slot k of anchor a predicts tokens[a + k]."""
+        cfg = self.config
+        B, T = tokens.shape
+        anchors = anchors.long().to(tokens.device)
+        c = self.fusion(features.to(self.dtype))  # [B, T, H]
+        batch = torch.arange(B, device=c.device)[:, None]
+        last = c[batch, (anchors - 1).clamp_min(0)] * (anchors > 0)[..., None]
+        x = self.block_inputs(tokens.gather(1, anchors), last)
+        positions = anchors[..., None] + torch.arange(cfg.block_size, device=c.device)
+        starts = torch.zeros_like(anchors)
+        if cfg.attention_window is not None:
+            starts = cfg.chunk_size * ((anchors - cfg.attention_window) // cfg.chunk_size).clamp_min(0)
+        contexts = [self._train_context(layer, c, anchors, starts) for layer in self.layers]
+        return self.blocks_forward(x, positions, contexts)[:, :, 1:]
+
+    def _train_context(self, layer: DrafterLayer, c, anchors, starts) -> LayerContext:
+        cfg = self.config
+        B, T, _ = c.shape
+        batch = torch.arange(B, device=c.device)[:, None, None]
+        k, v, gates = layer.project_context(c)  # [B, T, heads, d]
+        if cfg.window_capacity is None:  # full: every block reads all positions, masked to those before it
+            pos = torch.arange(T, device=c.device)
+            return self.layer_context(k[:, None], v[:, None], pos[None, None], pos < anchors[..., None])
+        idx = starts[..., None] + torch.arange(cfg.window_capacity, device=c.device)  # [B, A, L]
+        valid = idx < anchors[..., None]
+        idx = idx.clamp(max=T - 1)
+        state = None
+        if cfg.has_memory:
+            n = int(starts.max()) // cfg.chunk_size * cfg.chunk_size
+            per_head = [x[:, :n].transpose(1, 2) for x in (k, v)]  # [B, heads, n, d]
+            g = None if gates is None else gates[:, :n].transpose(1, 2)
+            states = memory.chunk_scan(*per_head, g, cfg.memory_rule, cfg.chunk_size)  # [B, heads, J, d, dv]
+            state = states.transpose(1, 2)[batch[..., 0], starts // cfg.chunk_size]  # [B, A, heads, d, dv]
+        return self.layer_context(k[batch, idx], v[batch, idx], idx, valid, state)
+
+    # ----- checkpoints ---------------------------------------------------------------------------------
+    def save_pretrained(self, path) -> Path:
+        return loading.write_checkpoint(path, self.config, self.state_dict())
+
+    @classmethod
+    def from_pretrained(cls, path, target, dtype: torch.dtype | None = None) -> "DrafterModel":
+        """Load a drafter for `target` (checked); dtype defaults to the target's."""
+        config = loading.read_config(path)
+        loading.check_target(config, target, where=f"the drafter at {path}")
+        model = cls(config, target)
+        tensors = loading.read_weights(path)
+        try:
+            model.load_state_dict(tensors, strict=True)
+        except RuntimeError as exc:
+            first = str(exc).strip().splitlines()[1:2] or [str(exc)]
+            raise HyflashError(
+                f"the weights in {path} do not match its config.json ({first[0].strip()}): re-save the drafter"
+            ) from exc
+        return model.to(device=target.device, dtype=dtype or target.dtype).eval()

@@ -1,0 +1,118 @@
+"""Inference-time drafter: a DrafterModel plus the context it has seen, behind the decoding loop's interface.
+
+Per layer it holds the context keys/values (before RoPE) of the attention window and, for memory kinds, one
+recurrent state per head. After n verified tokens the window holds positions [m, n) with
+m = config.memory_start(n), at most window + chunk_size - 1 tokens in a fixed-size buffer; whole chunks of
+chunk_size tokens are folded into the state as they leave it (`memory.chunk_scan`, the same code training
+uses). `full` keeps every token instead. Only verified tokens are ingested, so nothing is ever rolled back.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hyflash.drafters import memory
+from hyflash.drafters.base import Draft, Drafter
+from hyflash.drafters.model import DrafterModel
+from hyflash.sampling import SamplingConfig, logits_to_probs, sample
+
+
+class DrafterState(Drafter):
+    needs_features = True
+
+    def __init__(self, model: DrafterModel):
+        self.model = model.eval()
+        self.config = model.config
+        self.block_size = model.config.block_size
+        self.reset()
+
+    def reset(self) -> None:
+        cfg, p = self.config, self.model.norm.weight
+        self.length = 0  # verified tokens ingested
+        self.start = 0  # positions [0, start) are in the memory, [start, length) in the window buffers
+        cap = cfg.window_capacity or 0  # full kind: buffers grow with the context
+        heads, d = cfg.num_heads, cfg.head_dim
+        self.keys = [p.new_zeros(cap, heads, d) for _ in self.model.layers]
+        self.values = [p.new_zeros(cap, heads, d) for _ in self.model.layers]
+        self.gates = [p.new_zeros(cap, heads, 2) for layer in self.model.layers if layer.memory_gates is not None]
+        self.states = []
+        if cfg.has_memory:
+            dv = memory.value_dim(d, cfg.memory_rule)
+            state_dtype = torch.promote_types(p.dtype, torch.float32)
+            self.states = [torch.zeros(heads, d, dv, dtype=state_dtype, device=p.device) for _ in self.model.layers]
+        self.last_feature = p.new_zeros(cfg.target_hidden_size)
+
+    def held_tensors(self) -> list[torch.Tensor]:
+        return [*self.keys, *self.values, *self.gates, *self.states, self.last_feature]
+
+    def memory_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.held_tensors())
+
+    @torch.inference_mode()
+    def ingest(self, tokens: torch.Tensor, features: torch.Tensor | None) -> None:
+        if features is None:
+            raise ValueError("a HyFlash-family drafter needs target features: call ingest with features")
+        n_new = features.shape[0]
+        if n_new == 0:
+            return
+        cfg = self.config
+        c = self.model.fusion(features.to(self.model.norm.weight))  # [n, H]
+        length = self.length + n_new
+        start = cfg.memory_start(length)
+        folded = start - self.start  # whole chunks leaving the window now
+        live = self.length - self.start
+        for i, layer in enumerate(self.model.layers):
+            k, v, g = layer.project_context(c)
+            k = torch.cat([self.keys[i][:live], k])
+            v = torch.cat([self.values[i][:live], v])
+            if g is not None:
+                g = torch.cat([self.gates[i][:live], g])
+            if folded and cfg.has_memory:
+                per_head = [x[:folded].transpose(0, 1) for x in (k, v)]
+                gf = None if g is None else g[:folded].transpose(0, 1)
+                self.states[i] = memory.chunk_scan(*per_head, gf, cfg.memory_rule, cfg.chunk_size, self.states[i])[:, -1]
+            if cfg.window_capacity is None:
+                self.keys[i], self.values[i] = k, v
+                continue
+            kept = length - start
+            self.keys[i][:kept] = k[folded:]
+            self.values[i][:kept] = v[folded:]
+            if g is not None:
+                self.gates[i][:kept] = g[folded:]
+        self.length, self.start = length, start
+        self.last_feature = c[-1].clone()
+
+    @torch.inference_mode()
+    def block_hidden(self, last_token: int) -> torch.Tensor:
+        """Final hidden states [block_size - 1, H] of the block [last_token, MASK, ...] at position `length`."""
+        model, cfg = self.model, self.config
+        device = model.norm.weight.device
+        x = model.block_inputs(torch.tensor([[last_token]], device=device), self.last_feature.view(1, 1, -1))
+        positions = (self.length + torch.arange(cfg.block_size, device=device)).view(1, 1, -1)
+        live = self.length - self.start
+        ctx_positions = (self.start + torch.arange(live, device=device)).view(1, 1, -1)
+        contexts = [
+            model.layer_context(
+                self.keys[i][None, None, :live],
+                self.values[i][None, None, :live],
+                ctx_positions,
+                state=self.states[i][None, None] if cfg.has_memory else None,
+            )
+            for i in range(cfg.num_layers)
+        ]
+        return model.blocks_forward(x, positions, contexts)[0, 0, 1:]
+
+    @torch.inference_mode()
+    def draft(
+        self, last_token: int, num_tokens: int, sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> Draft:
+        num_tokens = min(num_tokens, self.block_size - 1)
+        if num_tokens <= 0 or self.length == 0:
+            return Draft(tokens=torch.empty(0, dtype=torch.long))
+        model = self.model
+        logits = model.logits(self.block_hidden(last_token)[:num_tokens])  # [k, draft vocab]
+        if sampling.greedy:
+            return Draft(tokens=model.to_target_ids(logits.argmax(-1)).cpu())
+        probs = logits_to_probs(logits, sampling)
+        picks = sample(probs, generator)
+        return Draft(tokens=model.to_target_ids(picks).cpu(), probs=model.to_full_vocab(probs).cpu())
