@@ -1,0 +1,136 @@
+"""`hyflash drafter new` and `hyflash drafter info`. Heavy imports happen inside the handlers."""
+
+from __future__ import annotations
+
+import json
+
+from hyflash.drafters.config import KINDS, MEMORY_RULES, DrafterConfig
+from hyflash.errors import HyflashError
+
+DEFAULT_CONTEXTS = "512,2048,8192"
+
+
+def add_cli(subparsers) -> None:
+    p = subparsers.add_parser("drafter", help="create and inspect HyFlash-family drafters")
+    sub = p.add_subparsers(dest="drafter_command", metavar="SUBCOMMAND")
+    p.set_defaults(handler=lambda args: p.print_help() or 0)
+    defaults = DrafterConfig()
+
+    new = sub.add_parser("new", help="create an untrained drafter for a target model")
+    new.add_argument("--kind", required=True, choices=KINDS)
+    new.add_argument("--layers", type=int, default=defaults.num_layers, help="drafter decoder layers")
+    new.add_argument("--window", type=int, default=defaults.window, help="local attention window (local, hyflash)")
+    new.add_argument("--memory", default=defaults.memory_rule, choices=MEMORY_RULES, help="memory update rule")
+    new.add_argument("--block-size", type=int, default=defaults.block_size, help="anchor + draft slots")
+    new.add_argument("--chunk-size", type=int, default=defaults.chunk_size, help="memory eviction chunk")
+    new.add_argument("--draft-vocab", type=int, default=None, help="reduced draft vocabulary size (default: full)")
+    new.add_argument("--model", default="smollm2-135m", help="target: built-in name or a model folder")
+    new.add_argument("--seed", type=int, default=0)
+    new.add_argument("--out", required=True, help="folder to write (replaced if it exists)")
+    new.set_defaults(handler=cmd_new)
+
+    info = sub.add_parser("info", help="configuration, parameter count and measured draft memory of a drafter")
+    info.add_argument("path", metavar="DIR")
+    info.add_argument("--model", default=None, help="target (default: the one the drafter was built for)")
+    info.add_argument("--context", default=DEFAULT_CONTEXTS, help="comma-separated context lengths to measure")
+    info.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="as for generate")
+    info.add_argument("--json", action="store_true", help="print one JSON object")
+    info.set_defaults(handler=cmd_info)
+
+
+def cmd_new(args) -> int:
+    import torch
+
+    from hyflash.drafters.model import DrafterModel
+    from hyflash.targets import Target
+
+    target = Target.load(args.model, dtype="float32")
+    config = DrafterConfig.for_target(
+        target,
+        kind=args.kind,
+        num_layers=args.layers,
+        window=args.window,
+        memory_rule=args.memory,
+        block_size=args.block_size,
+        chunk_size=args.chunk_size,
+        draft_vocab_size=args.draft_vocab,
+    )
+    torch.manual_seed(args.seed)
+    model = DrafterModel(config, target)
+    path = model.save_pretrained(args.out)
+    print(f"created an untrained {config.kind} drafter ({model.param_count():,} parameters) for {args.model} in {path}")
+    return 0
+
+
+def _contexts(text: str) -> list[int]:
+    try:
+        lengths = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        lengths = []
+    if not lengths or min(lengths) < 1:
+        raise HyflashError(f"--context wants positive lengths separated by commas, e.g. {DEFAULT_CONTEXTS}")
+    return lengths
+
+
+def measure_draft_memory(model, length: int, piece: int = 1024) -> dict:
+    """Run the inference state over a random context of `length` tokens, draft once, report bytes held."""
+    import time
+
+    import torch
+
+    from hyflash.drafters.state import DrafterState
+    from hyflash.sampling import SamplingConfig
+
+    cfg, target = model.config, model.target
+    state = DrafterState(model)
+    g = torch.Generator().manual_seed(length)
+    for lo in range(0, length, piece):
+        n = min(piece, length - lo)
+        features = torch.randn(n, len(cfg.feature_layers), cfg.target_hidden_size, generator=g).to(target.dtype)
+        state.ingest(torch.randint(0, cfg.target_vocab_size, (n,), generator=g), features)
+    start = time.perf_counter()
+    state.draft(0, cfg.block_size - 1, SamplingConfig(), None)
+    return {"bytes": state.memory_bytes(), "draft_ms": 1000 * (time.perf_counter() - start)}
+
+
+def cmd_info(args) -> int:
+    from hyflash.drafters.loading import read_config
+    from hyflash.drafters.model import DrafterModel
+    from hyflash.targets import Target
+
+    lengths = _contexts(args.context)
+    config = read_config(args.path)
+    model_name = args.model or config.target_name
+    if not model_name:
+        raise HyflashError(f"{args.path} does not record its target: pass --model")
+    target = Target.load(model_name, dtype=args.dtype)
+    model = DrafterModel.from_pretrained(args.path, target)
+    memory = {n: measure_draft_memory(model, n) for n in lengths}
+    if args.json:
+        out = {
+            "path": str(args.path),
+            "model": model_name,
+            "dtype": args.dtype,
+            "config": config.to_dict(),
+            "param_count": model.param_count(),
+            "draft_memory_bytes": {str(n): m["bytes"] for n, m in memory.items()},
+            "draft_ms": {str(n): round(m["draft_ms"], 2) for n, m in memory.items()},
+        }
+        print(json.dumps(out))
+        return 0
+    c = config
+    print(f"drafter {args.path}: kind {c.kind}, {c.num_layers} layer(s), block {c.block_size}, "
+          f"heads {c.num_heads}x{c.head_dim}, mlp {c.intermediate_size}")
+    if c.kind in ("local", "hyflash"):
+        print(f"  window {c.window} (+ up to {c.chunk_size - 1} not yet evicted)")
+    if c.has_memory:
+        print(f"  memory rule {c.memory_rule}, eviction chunk {c.chunk_size}, combine {c.memory_combine}")
+    vocab = "full" if c.draft_vocab_size is None else f"{c.draft_vocab_size:,} ids"
+    print(f"  target {model_name}: hidden {c.target_hidden_size}, vocab {c.target_vocab_size:,}, "
+          f"{c.target_num_layers} layers, features from layers {c.feature_layers}; draft vocabulary {vocab}")
+    print(f"  parameters: {model.param_count():,} trainable (the target's embedding and LM head are borrowed)")
+    print(f"  draft memory ({args.dtype}, measured after ingesting random contexts):")
+    print(f"  {'context':>9} {'bytes':>14} {'KiB':>10} {'draft ms':>9}")
+    for n, m in memory.items():
+        print(f"  {n:>9} {m['bytes']:>14,} {m['bytes'] / 1024:>10.1f} {m['draft_ms']:>9.1f}")
+    return 0

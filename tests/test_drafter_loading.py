@@ -1,0 +1,121 @@
+"""Checkpoints, every loading error, lossless generation with untrained drafters, and the drafter CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import tiny_llama
+from test_drafter_model import _one_thread, make, sequence  # noqa: F401  (_one_thread is autouse)
+
+from hyflash.cli import main
+from hyflash.decoding import generate
+from hyflash.drafters.config import KINDS
+from hyflash.drafters.loading import load_drafter_for_target
+from hyflash.drafters.model import DrafterModel
+from hyflash.drafters.state import DrafterState
+from hyflash.errors import HyflashError
+from hyflash.sampling import SamplingConfig
+from hyflash.targets import Target
+
+
+@pytest.fixture
+def saved(llama_target, tmp_path):
+    model = make(llama_target, dtype=torch.float32, draft_vocab_size=50)
+    model.set_draft_vocab(torch.arange(50) * 2 % llama_target.vocab_size)
+    return model, model.save_pretrained(tmp_path / "drafter")
+
+
+def test_save_load_round_trip(llama_target, saved):
+    model, path = saved
+    assert sorted(p.name for p in path.iterdir()) == ["config.json", "model.safetensors"]
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temporary folders left
+    loaded = DrafterModel.from_pretrained(path, llama_target)
+    assert loaded.config == model.config
+    assert torch.equal(loaded.draft_vocab_ids, model.draft_vocab_ids)
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert all(t.shape[0] != llama_target.vocab_size for t in loaded.state_dict().values())  # no target pieces
+    features, tokens = sequence(llama_target, 40, dtype=torch.float32)
+    anchors = torch.tensor([[3, 17, 30]])
+    torch.testing.assert_close(loaded.train_forward(features, tokens, anchors), model.train_forward(features, tokens, anchors))
+    model.save_pretrained(path)  # saving over an existing folder replaces it atomically
+    assert isinstance(load_drafter_for_target(path, llama_target), DrafterState)
+
+
+def _corrupt(path, what):
+    if what == "missing folder":
+        return path.parent / "nowhere"
+    if what == "no config":
+        (path / "config.json").unlink()
+    elif what == "bad json":
+        (path / "config.json").write_text("{not json")
+    elif what == "not ours":
+        (path / "config.json").write_text('{"model_type": "llama"}')
+    elif what == "bad value":
+        data = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps({**data, "kind": "bogus"}))
+    elif what == "no weights":
+        (path / "model.safetensors").unlink()
+    elif what == "corrupt weights":
+        (path / "model.safetensors").write_bytes(b"\x00garbage" * 10)
+    elif what == "wrong weights":
+        data = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps({**data, "num_layers": 3}))
+    return path
+
+
+@pytest.mark.parametrize(
+    "what,needle",
+    [("missing folder", "no drafter folder"), ("no config", "no config.json"), ("bad json", "corrupt"),
+     ("not ours", "not a hyflash drafter"), ("bad value", "kind 'bogus'"), ("no weights", "no model.safetensors"),
+     ("corrupt weights", "corrupt"), ("wrong weights", "do not match")],
+)
+def test_unreadable_checkpoints_fail_clearly(llama_target, saved, what, needle):
+    path = _corrupt(saved[1], what)
+    with pytest.raises(HyflashError, match=needle) as info:
+        load_drafter_for_target(path, llama_target)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "target_kwargs,feature_layers,needle",
+    [(dict(hidden=48), None, "hidden size 32, but .* has 48"), (dict(vocab=103), None, "vocabulary size 97"),
+     (dict(layers=6), None, "layer count 4"), ({}, (1, 2), r"feature layers \[1\], but .* has \[1, 2\]")],
+)
+def test_wrong_target_names_the_mismatch(saved, target_kwargs, feature_layers, needle):
+    other = Target(tiny_llama(**target_kwargs), feature_layers=feature_layers, name="other")
+    with pytest.raises(HyflashError, match=needle):
+        load_drafter_for_target(saved[1], other)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_untrained_drafters_keep_greedy_output_exact(llama_target, tmp_path, kind):
+    model = make(llama_target, dtype=torch.float32, kind=kind, memory_rule="gated_delta")
+    drafter = load_drafter_for_target(model.save_pretrained(tmp_path / kind), llama_target)
+    prompt = torch.randint(0, llama_target.vocab_size, (23,), generator=torch.Generator().manual_seed(2))
+    plain = generate(llama_target, prompt, None, max_new_tokens=40)
+    spec = generate(llama_target, prompt, drafter, max_new_tokens=40)
+    assert spec.tokens == plain.tokens
+    assert spec.draft_memory_bytes == drafter.memory_bytes() > 0
+    sampled = generate(llama_target, prompt, drafter, max_new_tokens=20, sampling=SamplingConfig(temperature=1.0))
+    assert len(sampled.tokens) == 20
+
+
+def test_cli_new_and_info(llama_target, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(Target, "load", classmethod(lambda cls, name, dtype="bfloat16", feature_layers=None: llama_target))
+    out = tmp_path / "d"
+    assert main(["drafter", "new", "--kind", "hyflash", "--window", "8", "--memory", "delta", "--block-size", "5",
+                 "--model", "tiny", "--out", str(out)]) == 0
+    assert "hyflash drafter" in capsys.readouterr().out
+    assert main(["drafter", "info", str(out), "--context", "16,64,256", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["config"]["memory_rule"] == "delta" and info["config"]["window"] == 8
+    assert info["param_count"] == DrafterModel.from_pretrained(out, llama_target).param_count()
+    assert len(set(info["draft_memory_bytes"].values())) == 1  # constant in context length
+    assert main(["drafter", "info", str(out), "--context", "100"]) == 0
+    assert "draft memory" in capsys.readouterr().out
+    assert main(["drafter", "info", str(out), "--context", "x"]) == 2
+    assert main(["drafter", "info", str(tmp_path / "missing")]) == 2
+    assert "no drafter folder" in capsys.readouterr().err
