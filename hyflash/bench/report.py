@@ -1,0 +1,190 @@
+"""Tables and plots from a results.json (see run.py). Everything shown is read from the results.
+
+  table.md                      one markdown table per temperature: tau, tok/s, speed-ups, draft share, memory
+  tau_vs_context.png            tau against prompt length on the stdlib code sets (same kind of text, 1k-8k)
+  speedup.png                   speed-up over plain decoding per set (greedy)
+  draft_memory_vs_context.png   draft-side bytes from the memory sweep, target KV cache for scale
+  acceptance_by_position.png    acceptance rate of each draft slot, pooled over sets, per temperature
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from hyflash.bench.run import HF_PLAIN, PLAIN, _sum_lists
+
+CODE_SETS = ("code", "long-2k", "long-4k", "long-8k")  # one kind of text at growing context
+NON_DRAFTING = (PLAIN, HF_PLAIN)  # tau is 1 by construction
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "–"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""  # unreachable
+
+
+def _num(x, fmt: str) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+
+def markdown_table(results: dict) -> str:
+    rows = results["summary"]
+    lines = []
+    for temperature in sorted({r["temperature"] for r in rows}):
+        greedy = temperature == 0
+        lines += [
+            f"### Temperature {temperature:g}" + (" (greedy)" if greedy else ""),
+            "",
+            "| set | prompt tok | method | τ | tok/s | × plain | × HF plain | × HF prompt lookup | draft share "
+            "| draft memory | accept@1..4 |" + (" = plain |" if greedy else ""),
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|" + ("---:|" if greedy else ""),
+        ]
+        for r in (r for r in rows if r["temperature"] == temperature):
+            accept = " ".join(f"{a:.2f}" for a in r["acceptance_by_position"][:4]) or "–"
+            cells = [
+                r["set"], f"{r['prompt_tokens_mean']:.0f}", r["method"], _num(r["tau"], ".2f"),
+                _num(r["tokens_per_second"], ".1f"), _num(r["speedup"], ".2f"), _num(r["speedup_vs_hf_plain"], ".2f"),
+                _num(r["speedup_vs_hf_pld"], ".2f"), _num(r["draft_share"], ".0%"),
+                human_bytes(r["draft_memory_bytes"]), accept,
+            ]
+            if greedy:
+                cells.append(f"{r['identical_to_plain']}/{r['prompts']}")
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _figure(panels: int = 1, width: float = 5.0):
+    """A row of `panels` axes on an Agg figure (no display on a server)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # must precede pyplot
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, panels, figsize=(width * panels, 4), squeeze=False)
+    return fig, list(axes[0])
+
+
+def _finish(fig, axes, path: Path, log_x_ticks: list[int] | None = None) -> None:
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
+
+    for ax in axes:
+        if log_x_ticks:  # label the measured lengths themselves, not 10^k (context lengths are powers of 2)
+            ax.set_xscale("log")
+            ax.set_xticks(log_x_ticks, [str(t) for t in log_x_ticks])
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _temperatures(results: dict) -> list[float]:
+    return sorted({r["temperature"] for r in results["summary"]})
+
+
+def plot_tau_vs_context(results: dict, path: Path) -> None:
+    temps = _temperatures(results)
+    fig, axes = _figure(len(temps))
+    ticks = set()
+    for ax, temperature in zip(axes, temps):
+        rows = [r for r in results["summary"] if r["temperature"] == temperature and r["set"] in CODE_SETS]
+        for method in dict.fromkeys(r["method"] for r in rows if r["method"] not in NON_DRAFTING):
+            pts = sorted((r["prompt_tokens_mean"], r["tau"]) for r in rows if r["method"] == method)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=method)
+            ticks.update(round(p[0]) for p in pts)
+        ax.set(xlabel="prompt tokens (stdlib code sets)", ylabel="τ (tokens per target pass)",
+               title=f"temperature {temperature:g}")
+    _finish(fig, axes, path, sorted(ticks))
+
+
+def plot_speedup(results: dict, path: Path) -> None:
+    rows = [r for r in results["summary"] if r["temperature"] == _temperatures(results)[0]]
+    sets = list(dict.fromkeys(r["set"] for r in rows))
+    methods = [m for m in dict.fromkeys(r["method"] for r in rows) if m != PLAIN]
+    width = 0.8 / max(1, len(methods))
+    fig, (ax,) = _figure(1, max(6.0, 1.4 * len(sets)))
+    for j, method in enumerate(methods):
+        vals = {r["set"]: r["speedup"] for r in rows if r["method"] == method}
+        ax.bar([i + j * width for i in range(len(sets))], [vals.get(s) or 0 for s in sets], width, label=method)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(sets))], sets)
+    ax.set(ylabel="speed-up over plain decoding (same run)", title=f"temperature {rows[0]['temperature']:g}")
+    _finish(fig, [ax], path)
+
+
+def plot_draft_memory(results: dict, path: Path) -> None:
+    fig, (ax,) = _figure(1, 6.0)
+    ticks = set()
+    for name, sweep in results.get("memory_sweep", {}).items():
+        pts = sorted((int(k), v) for k, v in sweep.items())
+        ax.plot([p[0] for p in pts], [max(p[1], 1) for p in pts], marker="o", label=name)
+        ticks.update(p[0] for p in pts)
+    kv = sorted((r["target_kv_tokens"], r["target_kv_bytes"]) for r in results["runs"] if r.get("target_kv_bytes"))
+    if kv:
+        ax.scatter([p[0] for p in kv], [p[1] for p in kv], color="gray", marker="x", label="target KV cache (measured)")
+    ax.set(yscale="log", xlabel="context tokens", ylabel="bytes", title="draft-side memory")
+    _finish(fig, [ax], path, sorted(ticks) or None)
+
+
+def plot_acceptance(results: dict, path: Path) -> None:
+    temps = _temperatures(results)
+    runs = [r for r in results["runs"] if r["drafted_by_position"]]
+    fig, axes = _figure(len(temps))
+    for ax, temperature in zip(axes, temps):
+        these = [r for r in runs if r["temperature"] == temperature]
+        for method in dict.fromkeys(r["method"] for r in these):
+            mine = [r for r in these if r["method"] == method]
+            drafted = _sum_lists([r["drafted_by_position"] for r in mine])
+            accepted = _sum_lists([r["accepted_by_position"] for r in mine])
+            rate = [a / d if d else float("nan") for a, d in zip(accepted, drafted)]
+            ax.plot(range(1, len(rate) + 1), rate, marker="o", label=method)
+        ax.set(xlabel="draft slot", ylabel="acceptance rate (all sets)", ylim=(0, 1), title=f"temperature {temperature:g}")
+    _finish(fig, axes, path)
+
+
+PLOTS = {
+    "tau_vs_context.png": plot_tau_vs_context,
+    "speedup.png": plot_speedup,
+    "draft_memory_vs_context.png": plot_draft_memory,
+    "acceptance_by_position.png": plot_acceptance,
+}
+
+
+def write_report(results: dict, out_dir: str | Path) -> list[Path]:
+    """Write table.md and every plot into out_dir; return the paths written."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = [out_dir / "table.md"]
+    written[0].write_text(markdown_table(results) + "\n" + memory_table(results))
+    for name, plot in PLOTS.items():
+        plot(results, out_dir / name)
+        written.append(out_dir / name)
+    return written
+
+
+def memory_table(results: dict) -> str:
+    sweep = results.get("memory_sweep") or {}
+    if not sweep:
+        return ""
+    contexts = sorted({int(c) for s in sweep.values() for c in s})
+    params = results.get("drafter_params") or {}
+    lines = [
+        "### Draft-side memory (bytes held after ingesting the context)",
+        "",
+        "| drafter | parameters | " + " | ".join(str(c) for c in contexts) + " |",
+        "|---|---:|" + "---:|" * len(contexts),
+    ]
+    for name, s in sweep.items():
+        vals = {int(k): v for k, v in s.items()}
+        count = f"{params[name]:,}" if params.get(name) else "–"
+        lines.append(f"| {name} | {count} | " + " | ".join(human_bytes(vals.get(c)) for c in contexts) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,217 @@
+"""The benchmark runner: every method on the same prompts with the same target, in one process.
+
+Methods are interleaved prompt by prompt (and their order rotates), so slow drift in machine load -- other
+jobs on a shared CPU -- spreads over all methods instead of penalising whichever ran last. Speed-ups are
+ratios of measurements from this one run, never against numbers from elsewhere.
+
+results.json holds the configuration and machine, one record per (method, prompt, temperature), the
+per-set summary, the draft-memory sweep and any method that failed. It is rewritten after every set, so an
+interrupted run keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from hyflash.bench.datasets import SETS, load_set
+from hyflash.bench.memory import draft_memory_sweep, param_count, untrained_kinds
+from hyflash.bench.methods import BUILTIN_METHODS, LoopMethod, PromptRun, build_methods
+from hyflash.errors import HyflashError
+from hyflash.sampling import SamplingConfig
+
+PLAIN, HF_PLAIN, HF_PLD = "plain", "hf-plain", "hf-prompt-lookup"
+
+
+@dataclass
+class BenchConfig:
+    model: str = "smollm2-135m"
+    dtype: str = "bfloat16"  # speed figures in bf16 (DESIGN section 2); greedy identity is checked in fp32 tests
+    sets: tuple[str, ...] = tuple(SETS)
+    n: int = 5  # prompts per set
+    max_new_tokens: int = 128
+    temperatures: tuple[float, ...] = (0.0, 0.7, 1.0)
+    methods: tuple[str, ...] = BUILTIN_METHODS
+    drafters: dict[str, str] = field(default_factory=dict)  # name -> folder or 'default'
+    pld_tokens: int = 10  # Hugging Face prompt_lookup_num_tokens
+    ngram_block: int = 8
+    seed: int = 0
+    memory_contexts: tuple[int, ...] = (256, 1024, 2048, 4096, 8192)
+    # Untrained drafters of these kinds x depths join the memory sweep only (bytes do not depend on weights).
+    sweep_kinds: tuple[str, ...] = ("full", "local", "memory", "hyflash")
+    sweep_depths: tuple[int, ...] = (1, 2)
+    threads: int | None = None  # torch threads; None keeps torch's default
+
+    def __post_init__(self) -> None:
+        if self.n < 1 or self.max_new_tokens < 2:
+            raise HyflashError("need --n >= 1 and --max-new-tokens >= 2 (tau needs a pass after the prefill)")
+        unknown = [s for s in self.sets if s not in SETS]
+        if unknown:
+            raise HyflashError(f"unknown evaluation sets {unknown}: choose from {', '.join(SETS)}")
+
+
+# Few prompts, short outputs, no 8k set: a regression check that fits in ~10 minutes on 2 CPU cores.
+QUICK = dict(n=2, max_new_tokens=48, sets=("humaneval", "code", "long-2k", "long-4k", "prose"), temperatures=(0.0, 1.0))
+
+
+def quick(config: BenchConfig) -> BenchConfig:
+    return replace(config, **QUICK)
+
+
+def machine_info() -> dict:
+    import transformers
+
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.is_available(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "loadavg_start": list(os.getloadavg()),
+    }
+
+
+def _record(run: PromptRun, prompt, temperature: float, seed: int) -> dict:
+    out = asdict(run)
+    out.update(
+        set=prompt.set_name, item_id=prompt.item_id, source=prompt.source, chat=prompt.chat,
+        temperature=temperature, seed=seed, new_tokens=run.new_tokens, tau=run.tau,
+    )
+    return out
+
+
+def _sum_lists(lists: list[list[int]]) -> list[int]:
+    width = max((len(x) for x in lists), default=0)
+    return [sum(x[k] for x in lists if k < len(x)) for k in range(width)]
+
+
+def summarise(records: list[dict]) -> list[dict]:
+    """One row per (temperature, set, method): pooled tau, tok/s, speed-ups from the same run."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["temperature"], r["set"], r["method"]), []).append(r)
+    rows = []
+    for (temperature, set_name, method), rs in groups.items():
+        decode = sum(r["decode_time"] for r in rs)
+        drafted = _sum_lists([r["drafted_by_position"] for r in rs])
+        accepted = _sum_lists([r["accepted_by_position"] for r in rs])
+        passes = sum(r["target_passes"] for r in rs)
+        greedy = temperature == 0
+        kv = [r["target_kv_bytes"] for r in rs if r["target_kv_bytes"] is not None]
+        rows.append({
+            "temperature": temperature, "set": set_name, "method": method, "prompts": len(rs),
+            "prompt_tokens_mean": sum(r["prompt_tokens"] for r in rs) / len(rs),
+            "new_tokens": sum(r["new_tokens"] for r in rs),
+            "decode_time": decode,
+            "tokens_per_second": sum(r["new_tokens"] for r in rs) / decode if decode > 0 else float("nan"),
+            "tau": sum(r["committed_after_prefill"] for r in rs) / passes if passes else float("nan"),
+            "acceptance_by_position": [a / d if d else 0.0 for a, d in zip(accepted, drafted)],
+            "draft_share": sum(r["draft_time"] for r in rs) / decode if decode > 0 else float("nan"),
+            "draft_memory_bytes": max(r["draft_memory_bytes"] for r in rs),
+            "target_kv_bytes": max(kv) if kv else None,
+            "peak_rss_bytes": max(r["peak_rss_bytes"] for r in rs),
+            "identical_to_plain": sum(bool(r.get("identical_to_plain")) for r in rs) if greedy else None,
+        })
+    # Speed-ups: ratios of tok/s to baselines measured in this run, same set, same temperature.
+    by_key = {(r["temperature"], r["set"], r["method"]): r for r in rows}
+    for row in rows:
+        for baseline, column in ((PLAIN, "speedup"), (HF_PLAIN, "speedup_vs_hf_plain"), (HF_PLD, "speedup_vs_hf_pld")):
+            base = by_key.get((row["temperature"], row["set"], baseline))
+            row[column] = row["tokens_per_second"] / base["tokens_per_second"] if base else None
+    order = {m: i for i, m in enumerate(dict.fromkeys(r["method"] for r in records))}
+    set_order = {s: i for i, s in enumerate(SETS)}
+    rows.sort(key=lambda r: (r["temperature"], set_order.get(r["set"], 99), order[r["method"]]))
+    return rows
+
+
+def run_bench(
+    config: BenchConfig,
+    target=None,
+    out_dir: str | Path | None = None,
+    log: Callable[[str], None] = print,
+    command: str = "",
+) -> dict:
+    """Run every method on every prompt; return (and write, with out_dir) the results dictionary."""
+    from hyflash.targets import Target
+
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    started = time.time()
+    target = target or Target.load(config.model, dtype=config.dtype)
+    methods = build_methods(config.methods, config.drafters, target, config.pld_tokens, config.ngram_block)
+    results = {
+        "meta": {
+            "command": command, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "machine": machine_info(), "target": target.name, "config": asdict(config),
+        },
+        "runs": [], "summary": [], "memory_sweep": {}, "errors": {},
+    }
+    out_dir = Path(out_dir) if out_dir else None
+
+    def save() -> None:
+        results["summary"] = summarise(results["runs"])
+        results["meta"]["machine"]["loadavg_end"] = list(os.getloadavg())
+        results["meta"]["seconds"] = round(time.time() - started, 1)
+        if out_dir:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / "results.json").write_text(json.dumps(results, indent=1))
+
+    prompts = {name: load_set(name, target, config.n, config.max_new_tokens) for name in config.sets}
+    methods = _warm_up(methods, target, next(iter(prompts.values()))[0].ids, results["errors"], log)
+
+    for temperature in config.temperatures:
+        sampling = SamplingConfig(temperature=temperature)
+        for set_name, items in prompts.items():
+            for i, prompt in enumerate(items):
+                seed = config.seed + i
+                order = methods[i % len(methods):] + methods[: i % len(methods)]
+                runs = {m.name: m.run(target, list(prompt.ids), config.max_new_tokens, sampling, seed) for m in order}
+                plain = runs.get(PLAIN)
+                for m in methods:  # records in the configured order, whatever order they ran in
+                    record = _record(runs[m.name], prompt, temperature, seed)
+                    if sampling.greedy and plain is not None:
+                        record["identical_to_plain"] = runs[m.name].tokens == plain.tokens
+                    results["runs"].append(record)
+                log(_progress_line(set_name, prompt, temperature, runs))
+            save()
+
+    if config.memory_contexts:
+        drafters = {m.name: m.drafter() for m in methods if isinstance(m, LoopMethod) and m.drafter() is not None}
+        drafters.update(untrained_kinds(target, config.sweep_kinds, config.sweep_depths))
+        log(f"draft-memory sweep of {', '.join(drafters)} over contexts {list(config.memory_contexts)} ...")
+        results["memory_sweep"] = draft_memory_sweep(drafters, target, list(config.memory_contexts))
+        results["drafter_params"] = {name: param_count(d) for name, d in drafters.items()}
+    save()
+    return results
+
+
+def _warm_up(methods, target, prompt_ids, errors: dict, log) -> list:
+    """One short untimed run per method: loads drafters and pays first-call costs before any timing.
+    A method that fails here (say, a drafter folder that does not load) is dropped and reported."""
+    kept = []
+    for m in methods:
+        try:
+            m.run(target, list(prompt_ids)[:64], 4, SamplingConfig(), 0)
+            kept.append(m)
+        except Exception as exc:  # noqa: BLE001 - one bad drafter must not sink the whole benchmark
+            errors[m.name] = f"{type(exc).__name__}: {exc}"
+            log(f"method {m.name} dropped: {errors[m.name]}")
+    if not kept:
+        raise HyflashError(f"every method failed to run: {errors}")
+    return kept
+
+
+def _progress_line(set_name, prompt, temperature, runs: dict[str, PromptRun]) -> str:
+    parts = [f"{name} {r.new_tokens / r.decode_time if r.decode_time else 0:.1f}t/s tau {r.tau:.2f}" for name, r in runs.items()]
+    return f"[T={temperature} {set_name} {prompt.item_id} ({len(prompt.ids)} tok)] " + " | ".join(parts)

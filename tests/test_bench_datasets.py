@@ -1,0 +1,60 @@
+"""The evaluation-set registry: deterministic, held out from training, the right shapes."""
+
+from __future__ import annotations
+
+import pytest
+
+from hyflash.bench.datasets import LONG_PREFIX_TOKENS, SETS, heldout_stdlib_modules, load_set
+from hyflash.errors import HyflashError
+from hyflash.training.prompts import split_of, stdlib_modules
+
+from bench_fixtures import word_target
+
+MAX_NEW = 16
+
+
+@pytest.fixture(scope="module")
+def target():
+    return word_target()
+
+
+@pytest.mark.parametrize("name", list(SETS))
+def test_sets_are_deterministic_and_extend(target, name):
+    three = load_set(name, target, 3, MAX_NEW)
+    again = load_set(name, target, 3, MAX_NEW)
+    five = load_set(name, target, 5, MAX_NEW)
+    assert three == again
+    assert len(three) == 3 and len({p.item_id for p in three}) == 3
+    if name != "humaneval":  # HumanEval spreads n picks evenly over its tasks, so n changes the spacing
+        assert five[:3] == three
+    for p in three:
+        assert p.set_name == name and p.ids
+        assert all(0 <= i < target.vocab_size for i in p.ids)
+        assert len(p.ids) + MAX_NEW < target.max_context
+
+
+def test_stdlib_sets_use_only_heldout_modules(target):
+    training = {m for m in stdlib_modules() if split_of(m) == "train"}
+    assert training and not training & set(heldout_stdlib_modules())
+    for name in ["code", *LONG_PREFIX_TOKENS]:
+        for p in load_set(name, target, 4, MAX_NEW):
+            assert split_of(p.source) == "heldout" and p.source not in training
+
+
+def test_long_sets_share_files_and_grow(target):
+    sets = [load_set(name, target, 3, MAX_NEW) for name in LONG_PREFIX_TOKENS]
+    assert len({tuple(p.source for p in s) for s in sets}) == 1  # same files: only the context length varies
+    for shorter, longer in zip(sets, sets[1:]):
+        for a, b in zip(shorter, longer):
+            assert len(a.ids) <= len(b.ids) and b.ids[: len(a.ids)] == a.ids
+
+
+def test_humaneval_is_chat_and_prose_is_not_stdlib(target):
+    assert all(p.chat and p.source.startswith("HumanEval/") for p in load_set("humaneval", target, 4, MAX_NEW))
+    stdlib = set(stdlib_modules())
+    assert all(not p.chat and p.source not in stdlib for p in load_set("prose", target, 4, MAX_NEW))
+
+
+def test_unknown_set_is_a_clear_error(target):
+    with pytest.raises(HyflashError, match="unknown evaluation set"):
+        load_set("nope", target, 1, MAX_NEW)

@@ -1,0 +1,43 @@
+"""Report: the markdown table and the PNG plots, from a small synthetic results dictionary."""
+
+from __future__ import annotations
+
+from hyflash.bench.report import markdown_table, write_report
+from hyflash.bench.run import summarise
+
+
+def _results() -> dict:
+    runs = []
+    for temperature in (0.0, 1.0):
+        for set_name, ctx in (("humaneval", 150), ("code", 1024), ("long-2k", 2048)):
+            for method, tau in (("plain", 1.0), ("hf-prompt-lookup", 1.5), ("ngram", 1.4), ("hyflash-d1", 2.0)):
+                drafting = method not in ("plain", "hf-prompt-lookup")
+                runs.append(dict(
+                    temperature=temperature, set=set_name, method=method, prompt_tokens=ctx, new_tokens=32,
+                    decode_time=32 / (20 * tau), target_passes=20, committed_after_prefill=int(20 * tau),
+                    draft_time=0.1 if drafting else 0.0, drafted_by_position=[20, 12, 6] if drafting else [],
+                    accepted_by_position=[12, 6, 2] if drafting else [], draft_memory_bytes=4096 if drafting else 0,
+                    target_kv_bytes=ctx * 23040 if method == "plain" else None, target_kv_tokens=ctx,
+                    peak_rss_bytes=2**30,
+                    identical_to_plain=True,
+                ))
+    sweep = {"ngram": {"256": 2048, "1024": 8192}, "hyflash-d1": {"256": 50000, "1024": 50000}}
+    return {"runs": runs, "summary": summarise(runs), "memory_sweep": sweep}
+
+
+def test_markdown_table_has_every_row_and_column():
+    table = markdown_table(_results())
+    assert "### Temperature 0 (greedy)" in table and "### Temperature 1" in table
+    assert "× HF prompt lookup" in table and "= plain" in table
+    assert table.count("| hyflash-d1 |") == 6
+
+
+def test_write_report_writes_table_and_pngs(tmp_path):
+    written = write_report(_results(), tmp_path)
+    names = {p.name for p in written}
+    assert {"table.md", "tau_vs_context.png", "draft_memory_vs_context.png", "acceptance_by_position.png"} <= names
+    for path in written:
+        assert path.stat().st_size > 0
+        if path.suffix == ".png":
+            assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "Draft-side memory" in (tmp_path / "table.md").read_text()

@@ -1,0 +1,97 @@
+"""The benchmark runner on the tiny target: every method, the JSON fields, speed-ups from one run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hyflash.bench.run import BenchConfig, run_bench, summarise
+
+from bench_fixtures import word_target
+
+METHODS = ("plain", "hf-plain", "hf-prompt-lookup", "ngram")
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    from hyflash.drafters.config import DrafterConfig
+    from hyflash.drafters.model import DrafterModel
+
+    out = tmp_path_factory.mktemp("bench")
+    target = word_target()
+    folder = DrafterModel(DrafterConfig.for_target(target, kind="hyflash", window=16), target).save_pretrained(
+        out / "hyflash-d1"
+    )
+    config = BenchConfig(
+        sets=("prose",), n=2, max_new_tokens=10, temperatures=(0.0, 1.0), methods=METHODS,
+        drafters={"untrained": str(folder), "broken": "/nonexistent/drafter"},
+        memory_contexts=(32, 128, 256), sweep_depths=(1,),
+    )
+    return run_bench(config, target=target, out_dir=out, log=lambda _: None), out
+
+
+def test_results_json_has_every_method_set_and_temperature(bench):
+    results, out = bench
+    on_disk = json.loads((out / "results.json").read_text())
+    assert on_disk["summary"] == json.loads(json.dumps(results["summary"]))
+    assert on_disk["meta"]["machine"]["cpu_count"] and on_disk["meta"]["config"]["n"] == 2
+    keys = {(r["temperature"], r["set"], r["method"]) for r in results["summary"]}
+    methods = (*METHODS, "untrained")
+    assert keys == {(t, "prose", m) for t in (0.0, 1.0) for m in methods}
+    assert len(results["runs"]) == 2 * 2 * len(methods)
+    for row in results["summary"]:
+        for field in ("tau", "tokens_per_second", "speedup", "speedup_vs_hf_pld", "draft_share",
+                      "draft_memory_bytes", "peak_rss_bytes", "acceptance_by_position"):
+            assert field in row
+        assert row["tau"] >= 1.0 and row["tokens_per_second"] > 0 and row["peak_rss_bytes"] > 0
+
+
+def test_a_drafter_that_does_not_load_is_reported_not_fatal(bench):
+    results, _ = bench
+    assert "broken" in results["errors"]
+    assert not any(r["method"] == "broken" for r in results["runs"])
+
+
+def test_greedy_outputs_match_plain_in_fp32(bench):
+    # The tiny target is fp32: every lossless method, ours and Hugging Face's, must reproduce plain greedy.
+    results, _ = bench
+    greedy = [r for r in results["summary"] if r["temperature"] == 0]
+    assert all(r["identical_to_plain"] == r["prompts"] for r in greedy)
+    assert all(r["identical_to_plain"] is None for r in results["summary"] if r["temperature"] != 0)
+
+
+def test_acceptance_and_memory_are_recorded_for_drafting_methods(bench):
+    results, _ = bench
+    ngram = [r for r in results["summary"] if r["method"] == "ngram"]
+    assert all(r["acceptance_by_position"] and r["draft_memory_bytes"] > 0 for r in ngram)
+    plain = [r for r in results["summary"] if r["method"] == "plain"]
+    assert all(r["target_kv_bytes"] > 0 and r["tau"] == 1.0 for r in plain)
+    sweep = results["memory_sweep"]
+    # The n-gram drafter keeps the token history, `full` every context K/V: both grow with the context.
+    assert sweep["ngram"][256] == 2 * sweep["ngram"][128] > 0
+    assert sweep["full-d1"][256] > sweep["full-d1"][128]
+    # Window and state kinds are bounded: constant once the window is full (default window 64).
+    for kind in ("local-d1", "memory-d1", "hyflash-d1"):
+        assert sweep[kind][256] == sweep[kind][128] < sweep["full-d1"][256]
+    assert results["drafter_params"]["ngram"] is None and results["drafter_params"]["hyflash-d1"] > 0
+
+
+def test_speedup_is_a_ratio_within_one_run():
+    def record(method, tokens, seconds, set_name="code"):
+        return dict(
+            temperature=0.0, set=set_name, method=method, prompt_tokens=10, new_tokens=tokens,
+            decode_time=seconds, target_passes=tokens - 1, committed_after_prefill=tokens - 1, draft_time=0.0,
+            drafted_by_position=[], accepted_by_position=[], draft_memory_bytes=0, target_kv_bytes=None,
+            peak_rss_bytes=1, identical_to_plain=True,
+        )
+
+    rows = summarise([
+        record("plain", 10, 1.0), record("plain", 10, 1.0),
+        record("hf-prompt-lookup", 20, 1.0), record("ngram", 20, 0.5), record("ngram", 20, 1.5),
+    ])
+    by = {r["method"]: r for r in rows}
+    assert by["plain"]["speedup"] == 1.0
+    assert by["ngram"]["speedup"] == pytest.approx(2.0)  # 40 tokens in 2 s vs 20 in 2 s (pooled, not averaged)
+    assert by["ngram"]["speedup_vs_hf_pld"] == pytest.approx(1.0)
+    assert by["ngram"]["speedup_vs_hf_plain"] is None  # not measured in this run: never invented
