@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from hyflash.errors import HyflashError
 
@@ -21,10 +22,23 @@ COMMAND_MODULES = [
 ]
 
 
+SHIPPED_DRAFTERS = Path(__file__).parent / "assets" / "drafters"  # one folder per built-in target name
+
+
 def build_drafter(spec: str, target, block_size: int | None = None):
-    """'none' -> no drafter, 'ngram' -> prompt lookup, 'default' -> the shipped drafter, else a drafter folder."""
+    """'none' -> no drafter, 'ngram' -> prompt lookup, 'default' -> the shipped drafter, else a drafter folder.
+
+    'default' falls back to the n-gram drafter (with a note) for targets that have no shipped drafter.
+    """
     if spec == "none":
         return None
+    if spec == "default":
+        shipped = SHIPPED_DRAFTERS / target.name
+        if (shipped / "config.json").exists():
+            spec = str(shipped)
+        else:
+            print(f"hyflash: no shipped drafter for {target.name}; using the n-gram drafter", file=sys.stderr)
+            spec = "ngram"
     if spec == "ngram":
         from hyflash.drafters.ngram import NgramDrafter
 

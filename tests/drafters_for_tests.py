@@ -1,0 +1,41 @@
+"""Drafters used only by tests: random proposals that exercise every rejection path."""
+
+from __future__ import annotations
+
+import torch
+
+from hyflash.drafters.base import Draft, Drafter
+from hyflash.sampling import SamplingConfig, logits_to_probs, sample
+
+
+class RandomDrafter(Drafter):
+    """Proposes tokens from a fixed, context-free distribution q (sharp, unlike the target's).
+
+    With greedy settings it proposes argmax-free random tokens deterministically from the generator; under
+    sampling it samples from q warped by the same settings and reports q, as a real drafter must.
+    """
+
+    needs_features = True
+
+    def __init__(self, vocab_size: int, block_size: int = 4, seed: int = 123, hit_token: int | None = None):
+        g = torch.Generator().manual_seed(seed)
+        self.logits = torch.randn(vocab_size, generator=g) * 3
+        self.block_size = block_size
+        self.reset()
+
+    def reset(self) -> None:
+        self.seen = 0
+
+    def ingest(self, tokens, features) -> None:
+        assert features is not None and features.shape[0] == tokens.shape[0]
+        self.seen += tokens.shape[0]
+
+    def draft(self, last_token: int, num_tokens: int, sampling: SamplingConfig, generator) -> Draft:
+        if sampling.greedy:
+            tokens = torch.randint(0, self.logits.shape[0], (num_tokens,), generator=generator)
+            return Draft(tokens=tokens)
+        q = logits_to_probs(self.logits, sampling).expand(num_tokens, -1).contiguous()
+        return Draft(tokens=sample(q, generator), probs=q)
+
+    def memory_bytes(self) -> int:
+        return 0

@@ -1,0 +1,101 @@
+"""Greedy speculative decoding must reproduce plain greedy decoding token for token (fp32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from drafters_for_tests import RandomDrafter
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hyflash.decoding import generate
+from hyflash.drafters.ngram import NgramDrafter
+from hyflash.drafters.oracle import TargetGreedyDrafter
+
+FAST = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def _drafters(target, block_size: int):
+    return [
+        NgramDrafter(block_size=block_size),
+        RandomDrafter(target.vocab_size, block_size=block_size),
+        TargetGreedyDrafter(target.model, block_size=block_size),
+    ]
+
+
+@pytest.mark.parametrize("family", ["llama_target", "gemma_target"])
+@FAST
+@given(
+    prompt=st.lists(st.integers(0, 89), min_size=1, max_size=30),
+    block_size=st.integers(2, 9),
+    max_new=st.integers(1, 30),
+)
+def test_greedy_speculative_equals_plain(request, family, prompt, block_size, max_new):
+    target = request.getfixturevalue(family)
+    plain = generate(target, prompt, None, max_new_tokens=max_new)
+    assert len(plain.tokens) == max_new
+    for drafter in _drafters(target, block_size):
+        spec = generate(target, prompt, drafter, max_new_tokens=max_new)
+        assert spec.tokens == plain.tokens, type(drafter).__name__
+        assert sum(spec.committed_per_pass) + 1 == len(spec.tokens)
+
+
+def test_oracle_drafter_reaches_full_acceptance(llama_target):
+    block = 6
+    result = generate(llama_target, list(range(10)), TargetGreedyDrafter(llama_target.model, block), max_new_tokens=61)
+    # The first token comes from the prefill; then every pass commits 5 drafts + 1 bonus = block size.
+    assert result.committed_per_pass == [block] * 10
+    assert result.tau == block
+    assert result.acceptance_by_position == [1.0] * (block - 1)
+
+
+def test_metrics_are_consistent(llama_target):
+    drafter = RandomDrafter(llama_target.vocab_size, block_size=5)
+    r = generate(llama_target, [1, 2, 3], drafter, max_new_tokens=30)
+    assert r.target_passes == len(r.committed_per_pass)
+    assert r.tau == pytest.approx((len(r.tokens) - 1) / r.target_passes)
+    assert all(0 <= a <= d for a, d in zip(r.accepted_by_position, r.drafted_by_position))
+    # Acceptance can only fall along the block: slot k is accepted only if slot k-1 was.
+    assert r.accepted_by_position == sorted(r.accepted_by_position, reverse=True)
+    assert r.draft_time >= 0 and r.verify_time > 0 and r.total_time >= r.verify_time
+    d = r.to_dict()
+    assert {"tau", "acceptance_by_position", "tokens_per_second", "draft_memory_bytes"} <= d.keys()
+
+
+def test_stops_at_eos_and_streams(llama_target):
+    plain = generate(llama_target, [5, 6, 7], None, max_new_tokens=30)
+    eos = plain.tokens[7]
+    first = plain.tokens.index(eos)
+    llama_target.eos_token_ids = frozenset({eos})
+    try:
+        streamed: list[int] = []
+        spec = generate(
+            llama_target, [5, 6, 7], NgramDrafter(4), max_new_tokens=30, on_tokens=streamed.extend
+        )
+    finally:
+        llama_target.eos_token_ids = frozenset()
+    assert spec.tokens == plain.tokens[: first + 1]
+    assert streamed == spec.tokens
+
+
+def test_respects_model_context(llama_target):
+    prompt = [3] * (llama_target.max_context - 5)
+    r = generate(llama_target, prompt, NgramDrafter(8), max_new_tokens=50)
+    assert len(r.tokens) == 5
+    assert llama_target.cache_length <= llama_target.max_context
+
+
+def test_rollback_is_exact(llama_target, gemma_target):
+    for target in (llama_target, gemma_target):
+        torch.manual_seed(0)
+        prompt = torch.randint(0, 90, (21,))  # longer than the Gemma sliding window (8)
+        block = torch.randint(0, 90, (6,))
+        tail = torch.randint(0, 90, (4,))
+        target.prefill(prompt)
+        target.score(block)
+        target.rollback(len(prompt) + 2)
+        assert target.cache_length == len(prompt) + 2
+        after = target.score(tail)
+        fresh = target.prefill(torch.cat([prompt, block[:2], tail]))
+        torch.testing.assert_close(after.logits, fresh.logits[-4:], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(after.features, fresh.features[-4:], atol=1e-5, rtol=1e-5)

@@ -1,0 +1,133 @@
+"""Sampling is lossless: the speculative output distribution equals the target's, checked statistically."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from conftest import tiny_llama
+from drafters_for_tests import RandomDrafter
+
+from hyflash import sampling as sampling_module
+from hyflash.decoding import generate
+from hyflash.errors import HyflashError
+from hyflash.sampling import SamplingConfig, logits_to_probs, verify_block
+from hyflash.targets import Target
+
+
+def test_config_rejects_bad_values():
+    for kwargs in ({"temperature": -0.1}, {"top_p": 0.0}, {"top_p": 1.5}, {"top_k": -1}):
+        with pytest.raises(HyflashError):
+            SamplingConfig(**kwargs)
+
+
+def test_warping():
+    logits = torch.tensor([2.0, 1.0, 0.5, -1.0])
+    assert logits_to_probs(logits, SamplingConfig()).tolist() == [1.0, 0.0, 0.0, 0.0]
+    p = logits_to_probs(logits, SamplingConfig(temperature=1.0, top_k=2))
+    assert (p[2:] == 0).all() and p.sum().item() == pytest.approx(1.0)
+    full = logits.softmax(-1)
+    p = logits_to_probs(logits, SamplingConfig(temperature=1.0, top_p=0.7))
+    # The smallest prefix of the sorted distribution whose mass reaches 0.7: here the top two tokens.
+    assert full[0] < 0.7 <= full[:2].sum()
+    torch.testing.assert_close(p, torch.cat([full[:2] / full[:2].sum(), torch.zeros(2)]))
+    hot = logits_to_probs(logits, SamplingConfig(temperature=0.5))
+    torch.testing.assert_close(hot, (logits / 0.5).softmax(-1))
+
+
+def _chi_square_critical(df: int, alpha_z: float = 3.09) -> float:
+    """Upper critical value of chi-square (Wilson-Hilferty); z = 3.09 is alpha = 0.001."""
+    return df * (1 - 2 / (9 * df) + alpha_z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def _chi_square(counts: dict, expected: dict, n: int) -> tuple[float, int]:
+    """Chi-square statistic with low-expectation outcomes pooled into one bin."""
+    stat, pooled_obs, pooled_exp, bins = 0.0, 0, 0.0, 0
+    for outcome, p in expected.items():
+        e = p * n
+        if e < 5:
+            pooled_obs += counts.get(outcome, 0)
+            pooled_exp += e
+            continue
+        stat += (counts.get(outcome, 0) - e) ** 2 / e
+        bins += 1
+    unseen = sum(c for o, c in counts.items() if o not in expected)
+    pooled_obs += unseen
+    if pooled_exp > 0:
+        stat += (pooled_obs - pooled_exp) ** 2 / pooled_exp
+        bins += 1
+    elif pooled_obs:
+        stat = math.inf
+    return stat, bins - 1
+
+
+def _exact_sequence_probs(target: Target, prompt: list[int], length: int, sampling: SamplingConfig) -> dict:
+    """Probability of every continuation of `length` tokens under the warped target (small vocab)."""
+    seqs = list(itertools.product(range(target.vocab_size), repeat=length))
+    ids = torch.tensor([prompt + list(s) for s in seqs])
+    with torch.no_grad():
+        logits = target.model(input_ids=ids).logits[:, len(prompt) - 1 : -1]
+    probs = logits_to_probs(logits, sampling)
+    step = probs.gather(-1, ids[:, len(prompt) :, None]).squeeze(-1)
+    return {s: float(p) for s, p in zip(seqs, step.prod(-1)) if p > 0}
+
+
+@pytest.fixture(scope="module")
+def small_vocab_target():
+    return Target(tiny_llama(seed=3, vocab=6, hidden=16, layers=2), name="tiny-vocab6")
+
+
+def _sample_counts(target, prompt, length, sampling, runs):
+    drafter = RandomDrafter(target.vocab_size, block_size=4, seed=7)
+    counts: dict = {}
+    for seed in range(runs):
+        out = generate(target, prompt, drafter, max_new_tokens=length, sampling=sampling, seed=seed)
+        key = tuple(out.tokens)
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_k=4, top_p=0.9)],
+    ids=["t1", "t0.7-topk-topp"],
+)
+def test_speculative_sampling_matches_target_distribution(small_vocab_target, sampling):
+    prompt, length, runs = [1, 4, 2], 3, 2000
+    expected = _exact_sequence_probs(small_vocab_target, prompt, length, sampling)
+    counts = _sample_counts(small_vocab_target, prompt, length, sampling, runs)
+    stat, df = _chi_square(counts, expected, runs)
+    assert stat < _chi_square_critical(df), f"chi2 {stat:.1f} on {df} df"
+
+
+def test_the_test_catches_a_wrong_rule(small_vocab_target, monkeypatch):
+    """Accepting every draft with q > 0 (a classic bug) must fail the same check."""
+    sampling = SamplingConfig(temperature=1.0)
+    prompt, length, runs = [1, 4, 2], 3, 600
+    expected = _exact_sequence_probs(small_vocab_target, prompt, length, sampling)
+
+    def accept_whenever_q_positive(target_probs, draft_tokens, draft_probs, sampling, generator):
+        k = draft_tokens.shape[0]
+        return k, int(sampling_module.sample(target_probs[k], generator))
+
+    monkeypatch.setattr("hyflash.decoding.verify_block", accept_whenever_q_positive)
+    counts = _sample_counts(small_vocab_target, prompt, length, sampling, runs)
+    stat, df = _chi_square(counts, expected, runs)
+    assert stat > _chi_square_critical(df)
+
+
+def test_verify_block_single_position_distribution():
+    """One draft slot, fixed p and q: the first output token must follow p exactly."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    q = torch.tensor([0.05, 0.15, 0.3, 0.5])
+    target_probs = torch.stack([p, p])
+    counts = torch.zeros(4)
+    n = 20000
+    for _ in range(n):
+        d = torch.multinomial(q, 1, generator=g)
+        accepted, nxt = verify_block(target_probs, d, q[None], SamplingConfig(temperature=1.0), g)
+        counts[int(d) if accepted else nxt] += 1
+    torch.testing.assert_close(counts / n, p, atol=0.015, rtol=0)
