@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers.utils import logging as hf_logging
 
 from hyflash.errors import HyflashError
 
@@ -143,7 +144,12 @@ class Target:
         if dtype not in DTYPES:
             raise HyflashError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
         path = resolve_model_path(name_or_path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+        # A cached load takes about a second: transformers' progress bar would only clutter the output.
+        hf_logging.disable_progress_bar()
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+        finally:
+            hf_logging.enable_progress_bar()
         tokenizer = AutoTokenizer.from_pretrained(path)
         return cls(model, tokenizer, feature_layers, name=name_or_path)
 
