@@ -105,9 +105,11 @@ class DrafterModel(nn.Module):
             x = x + (self.anchor_proj(emb) + self.context_proj(last_context))[:, :, None]
         return x
 
-    def layer_context(self, k, v, positions, valid=None, state=None) -> LayerContext:
-        """Context keys/values [B, A, L, heads, d] (un-RoPE'd, positions [B, A, L]) -> a LayerContext."""
-        k = rope(k, positions, self.config.rope_theta)
+    def layer_context(self, k, v, positions=None, valid=None, state=None) -> LayerContext:
+        """Context keys/values [B, A, L, heads, d] -> a LayerContext; keys are RoPE'd at `positions` [B, A, L]
+        unless positions is None (already rotated)."""
+        if positions is not None:
+            k = rope(k, positions, self.config.rope_theta)
         return LayerContext(k.transpose(-2, -3), v.transpose(-2, -3), valid, state)
 
     def blocks_forward(self, x, positions, contexts: list[LayerContext]) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Inference-time drafter: a DrafterModel plus the context it has seen, behind the decoding loop's interface.
 
-Per layer it holds the context keys/values (before RoPE) of the attention window and, for memory kinds, one
-recurrent state per head. After n verified tokens the window holds positions [m, n) with
+Per layer it holds the context keys/values of the attention window and, for memory kinds, one recurrent
+state per head. Window keys are kept before RoPE (the memory folds un-rotated keys) and rotated at draft time,
+at most window + chunk_size - 1 of them; `full` rotates each key once at ingest instead. After n verified tokens the window holds positions [m, n) with
 m = config.memory_start(n), at most window + chunk_size - 1 tokens in a fixed-size buffer; whole chunks of
 chunk_size tokens are folded into the state as they leave it (`memory.chunk_scan`, the same code training
 uses). `full` keeps every token instead. Only verified tokens are ingested, so nothing is ever rolled back.
@@ -13,6 +14,7 @@ import torch
 
 from hyflash.drafters import memory
 from hyflash.drafters.base import Draft, Drafter
+from hyflash.drafters.layers import rope
 from hyflash.drafters.model import DrafterModel
 from hyflash.sampling import SamplingConfig, logits_to_probs, sample
 
@@ -63,6 +65,11 @@ class DrafterState(Drafter):
         live = self.length - self.start
         for i, layer in enumerate(self.model.layers):
             k, v, g = layer.project_context(c)
+            if cfg.window_capacity is None:  # full: rotate once now, keep everything
+                positions = self.length + torch.arange(n_new, device=k.device)
+                self.keys[i] = torch.cat([self.keys[i], rope(k, positions, cfg.rope_theta)])
+                self.values[i] = torch.cat([self.values[i], v])
+                continue
             k = torch.cat([self.keys[i][:live], k])
             v = torch.cat([self.values[i][:live], v])
             if g is not None:
@@ -71,9 +78,6 @@ class DrafterState(Drafter):
                 per_head = [x[:folded].transpose(0, 1) for x in (k, v)]
                 gf = None if g is None else g[:folded].transpose(0, 1)
                 self.states[i] = memory.chunk_scan(*per_head, gf, cfg.memory_rule, cfg.chunk_size, self.states[i])[:, -1]
-            if cfg.window_capacity is None:
-                self.keys[i], self.values[i] = k, v
-                continue
             kept = length - start
             self.keys[i][:kept] = k[folded:]
             self.values[i][:kept] = v[folded:]
@@ -90,7 +94,9 @@ class DrafterState(Drafter):
         x = model.block_inputs(torch.tensor([[last_token]], device=device), self.last_feature.view(1, 1, -1))
         positions = (self.length + torch.arange(cfg.block_size, device=device)).view(1, 1, -1)
         live = self.length - self.start
-        ctx_positions = (self.start + torch.arange(live, device=device)).view(1, 1, -1)
+        ctx_positions = None  # full: keys were rotated at ingest
+        if cfg.window_capacity is not None:
+            ctx_positions = (self.start + torch.arange(live, device=device)).view(1, 1, -1)
         contexts = [
             model.layer_context(
                 self.keys[i][None, None, :live],
