@@ -1,0 +1,188 @@
+"""The REOPOLD sample-efficiency experiment and its plots.
+
+One process, one teacher in memory: (1) the teacher's greedy answers on the training prompts are cached;
+(2) a student cut from the teacher (its first layers) is warmed up by supervised KD on them; (3) from that
+same warm start every method x seed runs `hyflash distill`'s trainer; (4) a summary JSON and a plot of
+held-out accuracy and student entropy against samples seen. Finished runs are skipped and unfinished ones
+resumed, so the experiment can be restarted after an interruption.
+
+    python -m hyflash.distill.experiment --out docs/results/reopold --seeds 0 1 --steps 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from hyflash.distill.trainer import DistillConfig
+
+COLORS = {"reopold": "tab:red", "opd": "tab:blue", "gkd": "tab:green", "skew-rkl": "tab:purple", "sft": "tab:gray"}
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
+
+
+def plot_runs(groups: dict[str, list[str]], path: str, teacher_accuracy: float | None = None) -> None:
+    """Held-out accuracy (left) and student sample entropy (right) against samples seen; thin lines are
+    seeds, thick lines the mean over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, (ax_acc, ax_ent) = plt.subplots(1, 2, figsize=(11, 4))
+    for method, runs in groups.items():
+        color = COLORS.get(method)
+        curves = []
+        for run in runs:
+            ev = read_jsonl(Path(run) / "eval.jsonl")
+            if ev:
+                ax_acc.plot([e["samples"] for e in ev], [e["accuracy"] for e in ev], color=color, alpha=0.3, lw=1)
+                curves.append(ev)
+            tr = read_jsonl(Path(run) / "train.jsonl")
+            if tr:
+                ent = np.convolve([r["entropy"] for r in tr], np.ones(5) / 5, mode="valid")  # 5-step mean
+                ax_ent.plot([r["samples"] for r in tr][4:] if len(tr) >= 5 else [], ent if len(tr) >= 5 else [],
+                            color=color, alpha=0.6, lw=1, label=method if run == runs[0] else None)
+        n = min((len(c) for c in curves), default=0)
+        if n:
+            xs = [e["samples"] for e in curves[0][:n]]
+            mean = np.mean([[e["accuracy"] for e in c[:n]] for c in curves], axis=0)
+            ax_acc.plot(xs, mean, color=color, lw=2.5, label=f"{method} ({len(curves)} seeds)")
+    if teacher_accuracy is not None:
+        ax_acc.axhline(teacher_accuracy, color="black", ls="--", lw=1, label="teacher")
+    ax_acc.set(xlabel="samples seen", ylabel="held-out accuracy (greedy)", title="Arithmetic, held-out split")
+    ax_ent.set(xlabel="samples seen", ylabel="mean entropy of sampled tokens (nats)", title="Student entropy")
+    ax_acc.legend(fontsize=8)
+    ax_ent.legend(fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def samples_to_reach(evals: list[dict], accuracy: float) -> int | None:
+    """Samples seen at the first evaluation with accuracy >= `accuracy` (None if never)."""
+    return next((e["samples"] for e in evals if e["accuracy"] >= accuracy - 1e-9), None)
+
+
+def summarise(out: Path, methods: list[str], seeds: list[int], extra: dict) -> dict:
+    import numpy as np
+
+    summary: dict = dict(extra, methods={})
+    for m in methods:
+        finals = [read_jsonl(out / f"{m}-seed{s}" / "eval.jsonl") for s in seeds]
+        finals = [ev for ev in finals if ev]
+        acc = [ev[-1]["accuracy"] for ev in finals]
+        best = [max(e["accuracy"] for e in ev) for ev in finals]
+        ent = [np.mean([r["entropy"] for r in read_jsonl(out / f"{m}-seed{s}" / "train.jsonl")[-10:]]) for s in seeds]
+        summary["methods"][m] = {
+            "final_accuracy": acc, "final_mean": float(np.mean(acc)) if acc else None,
+            "final_std": float(np.std(acc)) if acc else None, "best_accuracy": best,
+            "final_entropy_last10": [float(e) for e in ent],
+            "final_samples": finals[0][-1]["samples"] if finals else None,
+        }
+    if "reopold" in methods and "opd" in methods and summary["methods"]["opd"]["final_mean"] is not None:
+        target = summary["methods"]["opd"]["final_mean"]
+        mean_curve = _mean_curve([read_jsonl(out / f"reopold-seed{s}" / "eval.jsonl") for s in seeds])
+        reach = samples_to_reach(mean_curve, target)
+        total = summary["methods"]["opd"]["final_samples"]
+        summary["reopold_vs_opd"] = {
+            "opd_final_mean_accuracy": target, "opd_samples": total,
+            "reopold_samples_to_reach_it (seed-mean curve)": reach,
+            "within_one_third": reach is not None and reach <= total / 3,
+        }
+    return summary
+
+
+def _mean_curve(runs: list[list[dict]]) -> list[dict]:
+    runs = [r for r in runs if r]
+    n = min((len(r) for r in runs), default=0)
+    return [{"samples": runs[0][i]["samples"], "accuracy": sum(r[i]["accuracy"] for r in runs) / len(runs)}
+            for i in range(n)]
+
+
+def _finished(folder: Path, steps: int) -> bool:
+    state = folder / "checkpoint" / "state.json"
+    return state.exists() and json.loads(state.read_text())["step"] >= steps
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from hyflash.distill import tasks
+    from hyflash.distill.student import load_model
+    from hyflash.distill.trainer import TeacherSamples, Trainer, evaluate
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="docs/results/reopold")
+    p.add_argument("--methods", nargs="+", default=["reopold", "opd", "gkd", "sft"])
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--layers", type=int, default=6, help="student = first N layers of the teacher")
+    p.add_argument("--warmup-steps", type=int, default=60)
+    p.add_argument("--warmup-lr", type=float, default=2e-4)
+    p.add_argument("--lr", type=float, default=5e-5)
+    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--eval-size", type=int, default=96)
+    p.add_argument("--switch-step", type=int, default=20)
+    p.add_argument("--train-pool", type=int, default=400, help="training problems (teacher answers cached once)")
+    p.add_argument("--rollout-dtype", default="bfloat16")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+
+    teacher, tok = load_model("smollm2-135m", "bfloat16")
+    eval_set = tasks.arithmetic_split("test", args.eval_size, 0)
+    teacher_eval_path = out / "teacher_eval.json"
+    if not teacher_eval_path.exists():
+        teacher_eval_path.write_text(json.dumps(evaluate(teacher, tok, eval_set, 24)))
+    teacher_eval = json.loads(teacher_eval_path.read_text())
+    print(f"teacher held-out accuracy {teacher_eval['accuracy']:.3f}", flush=True)
+
+    common = dict(teacher="smollm2-135m", batch_size=args.batch_size, eval_size=args.eval_size, sft_cache=str(out / "teacher_samples.jsonl"),
+                  train_pool=args.train_pool, rollout_dtype=args.rollout_dtype)
+    # The teacher's greedy answers on the whole (small) training pool, once, for warm-up and the SFT baseline.
+    pool = [p.prompt for p in tasks.arithmetic_split("train", args.train_pool, 0)]
+    cache = TeacherSamples(Path(common["sft_cache"]), teacher, tok, 24)
+    t0 = time.time()
+    cache.get(pool, batch=64)
+    print(f"teacher answers for {len(pool)} training prompts ready ({time.time() - t0:.0f} s)", flush=True)
+    # Warm-up: supervised KD on the teacher's greedy answers, from the first N layers.
+    warm_dir = out / "warmup"
+    warm = DistillConfig(method="sft", student=f"first-{args.layers}", out=str(warm_dir), steps=args.warmup_steps,
+                         lr=args.warmup_lr, seed=1000, checkpoint_every=args.warmup_steps,
+                         eval_every=args.warmup_steps, **common)
+    if not _finished(warm_dir, args.warmup_steps):
+        Trainer(warm, teacher=teacher, teacher_tokenizer=tok, resume=(warm_dir / "checkpoint").exists()).run()
+    student_dir = warm_dir / "checkpoint"
+
+    for seed in args.seeds:
+        for method in args.methods:
+            folder = out / f"{method}-seed{seed}"
+            if _finished(folder, args.steps):
+                continue
+            config = DistillConfig(method=method, student=str(student_dir), out=str(folder), steps=args.steps,
+                                   lr=args.lr, seed=seed, switch_step=args.switch_step,
+                                   eval_every=args.eval_every, checkpoint_every=args.eval_every, **common)
+            Trainer(config, teacher=teacher, teacher_tokenizer=tok, resume=(folder / "checkpoint").exists()).run()
+            groups = {m: [str(out / f"{m}-seed{s}") for s in args.seeds] for m in args.methods}
+            plot_runs(groups, str(out / "accuracy_entropy.png"), teacher_eval["accuracy"])
+            extra = {"teacher_accuracy": teacher_eval["accuracy"], "args": vars(args),
+                     "warmup_eval": read_jsonl(warm_dir / "eval.jsonl")[-1],
+                     "wall_seconds_this_process": time.time() - t_start}
+            (out / "summary.json").write_text(json.dumps(summarise(out, args.methods, args.seeds, extra), indent=1))
+    print(json.dumps(json.loads((out / "summary.json").read_text()), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

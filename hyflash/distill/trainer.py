@@ -1,0 +1,370 @@
+"""The distillation loop: rollout -> teacher scores -> loss -> update, with evaluation and exact resume.
+
+Every random choice of step s (which problems, which sampled tokens) is a pure function of (seed, s), so a
+resumed run needs only the weights, the optimizer state and the step counter to continue bit for bit.
+Checkpoints are written to a temporary folder and swapped in, so a crash never leaves a half-written one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from hyflash.distill import losses, rollout, tasks
+from hyflash.distill.credit import CreditConfig, floor_from_lambda, reward_quantiles, token_reward
+from hyflash.distill.student import freeze_embeddings, load_model, same_vocabulary, save_model
+from hyflash.errors import HyflashError
+from hyflash.targets import DTYPES
+
+METHODS = ("reopold", "opd", "gkd", "skew-rkl", "sft")
+FULL_DISTRIBUTION = ("gkd", "skew-rkl")  # need the teacher's whole distribution, hence a shared vocabulary
+
+
+@dataclass
+class DistillConfig:
+    method: str = "reopold"
+    teacher: str = "smollm2-135m"
+    student: str = "first-6"  # first-N[:MODEL] or a model folder (e.g. a warmed-up student)
+    out: str = "runs/distill"
+    steps: int = 60
+    batch_size: int = 8  # prompts per step, one sample each
+    max_new_tokens: int = 24
+    temperature: float = 1.0  # rollout temperature; != 1 makes the importance ratio differ from 1
+    lr: float = 5e-5
+    grad_clip: float = 1.0
+    seed: int = 0
+    levels: tuple[int, ...] = (1, 2, 3)
+    train_pool: int = 1200  # training problems; the run's seed only orders them and drives sampling
+    data_seed: int = 0
+    eval_every: int = 10
+    eval_size: int = 96
+    eval_seed: int = 0  # fixed across runs so every curve is measured on the same held-out problems
+    checkpoint_every: int = 10
+    teacher_dtype: str = "bfloat16"  # scoring only: bf16 is ~2x faster on this CPU
+    # Rollouts and evaluation run on a copy of the student in this dtype (bf16 decodes ~3x faster here);
+    # training stays fp32. The importance ratio of REOPOLD corrects the small sampling mismatch.
+    rollout_dtype: str = "float32"
+    train_embeddings: bool = False
+    # REOPOLD
+    floor: float | None = None  # given directly, else from lam and floor_form
+    lam: float = 0.2
+    floor_form: str = "logit"
+    entropy_top_fraction: float = 0.2
+    switch_step: int = 20
+    updates_per_rollout: int = 1
+    ratio_clip: float | None = 2.0
+    # baselines
+    gkd_beta: float = 0.5
+    skew_alpha: float = 0.1
+    sft_cache: str | None = None  # JSONL of teacher responses; default <out>/teacher_samples.jsonl
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise HyflashError(f"unknown method {self.method!r}: use one of {', '.join(METHODS)}")
+        for name in ("steps", "batch_size", "max_new_tokens", "eval_every", "eval_size", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise HyflashError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        self.levels = tuple(self.levels)
+        for name in ("teacher_dtype", "rollout_dtype"):
+            if getattr(self, name) not in DTYPES:
+                raise HyflashError(f"unknown {name.replace('_', '-')} {getattr(self, name)!r}: use one of {', '.join(DTYPES)}")
+
+    def credit(self) -> CreditConfig:
+        floor = self.floor if self.floor is not None else floor_from_lambda(self.lam, self.floor_form)
+        return CreditConfig(floor, self.entropy_top_fraction, self.switch_step)
+
+
+def _step_rng(seed: int, step: int) -> tuple[random.Random, torch.Generator]:
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    return random.Random(f"distill-{seed}-{step}"), gen
+
+
+class TeacherSamples:
+    """Teacher responses for supervised KD, keyed by prompt, generated on demand and cached in a JSONL file
+    (greedy, so the cache is valid for every run and seed)."""
+
+    def __init__(self, path: Path, teacher, tokenizer, max_new_tokens: int):
+        self.path, self.teacher, self.tokenizer, self.max_new_tokens = path, teacher, tokenizer, max_new_tokens
+        self.cache: dict[str, str] = {}
+        if path.exists():
+            for line in path.read_text().splitlines():
+                row = json.loads(line)
+                self.cache[row["prompt"]] = row["response"]
+
+    def get(self, prompts: list[str], batch: int = 32) -> list[str]:
+        missing = [p for p in dict.fromkeys(prompts) if p not in self.cache]
+        for start in range(0, len(missing), batch):
+            chunk = missing[start : start + batch]
+            got = rollout.sample(self.teacher, self.tokenizer, chunk, self.max_new_tokens, temperature=0)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a") as f:
+                for p, r in zip(chunk, got.texts):
+                    self.cache[p] = r
+                    f.write(json.dumps({"prompt": p, "response": r}) + "\n")
+        return [self.cache[p] for p in prompts]
+
+
+def rollout_from_texts(tokenizer, prompts: list[str], responses: list[str]) -> rollout.Rollout:
+    """A batch in rollout layout from given responses (teacher samples for supervised KD)."""
+    ids, mask = rollout.encode_left_padded(tokenizer, prompts)
+    rows = [tokenizer(r, add_special_tokens=False)["input_ids"] for r in responses]
+    width = max(max(len(r) for r in rows), 1)
+    pad = rollout.pad_id(tokenizer)
+    resp = torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=torch.long)
+    valid = torch.tensor([[True] * len(r) + [False] * (width - len(r)) for r in rows])
+    return rollout.Rollout(
+        prompts=list(prompts),
+        ids=torch.cat([ids, resp], 1),
+        attention_mask=torch.cat([mask, valid.long()], 1),
+        prompt_len=ids.shape[1],
+        valid=valid,
+        sampling_logp=torch.zeros(valid.shape),
+        texts=list(responses),
+    )
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, problems: list[tasks.Problem], max_new_tokens: int, batch: int = 32) -> dict:
+    """Greedy accuracy on held-out problems and the mean response length in tokens."""
+    model.eval()
+    correct, lengths = 0, 0
+    for start in range(0, len(problems), batch):
+        chunk = problems[start : start + batch]
+        got = rollout.sample(model, tokenizer, [p.prompt for p in chunk], max_new_tokens, temperature=0)
+        correct += sum(tasks.is_correct(p, r) for p, r in zip(chunk, got.texts))
+        lengths += got.num_tokens
+    return {"accuracy": correct / len(problems), "mean_tokens": lengths / len(problems)}
+
+
+HUMANEVAL_STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")
+
+
+@torch.no_grad()
+def evaluate_humaneval(model, tokenizer, limit: int | None = None, max_new_tokens: int = 256, batch: int = 8) -> dict:
+    """Greedy pass@1 on HumanEval: complete each prompt, cut at the usual stop sequences, run the tests in a
+    sandboxed subprocess (tasks.check_humaneval)."""
+    problems = list(tasks.humaneval_problems().values())[:limit]
+    eos = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
+    passed = 0
+    for start in range(0, len(problems), batch):
+        chunk = problems[start : start + batch]
+        got = rollout.sample(model, tokenizer, [p["prompt"] for p in chunk], max_new_tokens, 0, stops=eos)
+        for problem, text in zip(chunk, got.texts):
+            cut = min([text.find(s) for s in HUMANEVAL_STOPS if s in text], default=len(text))
+            passed += tasks.check_humaneval(problem, text[:cut]).passed
+    return {"pass@1": passed / len(problems), "problems": len(problems)}
+
+
+class Trainer:
+    def __init__(
+        self, config: DistillConfig, student=None, student_tokenizer=None, teacher=None, teacher_tokenizer=None,
+        resume: bool = False,
+    ):
+        """Models may be passed in (tests, experiments sharing a teacher); otherwise they are loaded.
+        With `resume`, an existing checkpoint in the output folder replaces the given student."""
+        self.config = c = config
+        self.out = Path(c.out)
+        self.credit_config = c.credit() if c.method == "reopold" else None
+        if teacher is None:
+            teacher, teacher_tokenizer = load_model(c.teacher, c.teacher_dtype)
+        self.teacher, self.teacher_tokenizer = teacher.eval(), teacher_tokenizer
+        self.step = 0
+        resume_from = self._checkpoint_dir()
+        if resume_from is not None and not resume:
+            raise HyflashError(f"{self.out} already holds a run: pass --resume to continue it, or a new --out")
+        if resume_from is not None:
+            student, student_tokenizer = load_model(str(resume_from), "float32")
+        elif student is None:
+            student, student_tokenizer = load_model(c.student, "float32")
+        self.student, self.tokenizer = student, student_tokenizer
+        if not c.train_embeddings:
+            freeze_embeddings(self.student)
+        self.fast = self._make_fast_copy()
+        self.cross_vocab = not same_vocabulary(self.tokenizer, self.teacher_tokenizer)
+        if self.cross_vocab and c.method in FULL_DISTRIBUTION + ("sft",):
+            raise HyflashError(
+                f"--method {c.method} needs the teacher's token distribution over the student's vocabulary; "
+                "with a different tokenizer use reopold or opd (they score text and map credit back)"
+            )
+        params = [p for p in self.student.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=c.lr, weight_decay=0.0)
+        self.samples_seen = 0
+        if resume_from is not None:
+            self._load_state(resume_from)
+        self.train_pool = tasks.arithmetic_split("train", c.train_pool, c.data_seed, c.levels)
+        self.eval_set = tasks.arithmetic_split("test", c.eval_size, c.eval_seed, c.levels)
+        self.teacher_samples = None
+        if c.method == "sft":
+            path = Path(c.sft_cache) if c.sft_cache else self.out / "teacher_samples.jsonl"
+            self.teacher_samples = TeacherSamples(path, self.teacher, self.teacher_tokenizer, c.max_new_tokens)
+
+    @property
+    def _off_policy(self) -> bool:
+        """Whether the policy that drew the tokens can differ from the one being trained (then rho != 1)."""
+        c = self.config
+        return c.updates_per_rollout > 1 or c.temperature != 1 or c.rollout_dtype != "float32"
+
+    # ----- the decoding copy -------------------------------------------------------------------------------
+    def _make_fast_copy(self):
+        if self.config.rollout_dtype == "float32":
+            return self.student
+        import copy
+
+        return copy.deepcopy(self.student).to(DTYPES[self.config.rollout_dtype]).eval()
+
+    @torch.no_grad()
+    def _sync_fast_copy(self) -> None:
+        if self.fast is self.student:
+            return
+        for fast, p in zip(self.fast.parameters(), self.student.parameters()):
+            if p.requires_grad:  # frozen weights (the big embedding) never change
+                fast.copy_(p)
+
+    # ----- one step ---------------------------------------------------------------------------------------
+    def _batch(self, step: int) -> tuple[list[tasks.Problem], torch.Generator]:
+        rng, gen = _step_rng(self.config.seed, step)
+        return rng.sample(self.train_pool, self.config.batch_size), gen
+
+    def train_step(self) -> dict:
+        c, step = self.config, self.step
+        problems, gen = self._batch(step)
+        prompts = [p.prompt for p in problems]
+        t0 = time.time()
+        if c.method == "sft":
+            batch = rollout_from_texts(self.tokenizer, prompts, self.teacher_samples.get(prompts))
+            teacher_logp = teacher_logits = None
+        else:
+            batch = rollout.sample(self.fast, self.tokenizer, prompts, c.max_new_tokens, c.temperature, gen)
+            if self.cross_vocab:
+                teacher_logp = rollout.teacher_scores_cross_vocab(
+                    self.teacher, self.teacher_tokenizer, self.tokenizer, batch
+                )
+                teacher_logits = None
+            else:
+                teacher_logp, teacher_logits = rollout.teacher_scores(
+                    self.teacher, batch, full=c.method in FULL_DISTRIBUTION
+                )
+        record = {"step": step + 1}
+        self.student.train()
+        for _ in range(c.updates_per_rollout if c.method == "reopold" else 1):
+            logits = rollout.response_logits(self.student, batch.ids, batch.attention_mask, batch.prompt_len)
+            logp, entropy = losses.token_logp_entropy(logits, batch.response)
+            loss, stats = self._loss(logits, logp, entropy, teacher_logp, teacher_logits, batch, step)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                [p for p in self.student.parameters() if p.requires_grad], c.grad_clip
+            )
+            self.optimizer.step()
+            self._sync_fast_copy()
+        valid = batch.valid
+        record.update(stats)
+        if teacher_logp is not None and "reward_q50" not in record:  # baselines log the same reward too
+            record.update(reward_quantiles(token_reward(teacher_logp, logp), valid))
+        self.step += 1
+        self.samples_seen += len(problems)
+        record.update(
+            samples=self.samples_seen,
+            loss=float(loss.detach()),
+            grad_norm=float(grad_norm),
+            entropy=float(entropy[valid].mean()) if valid.any() else 0.0,
+            response_tokens=batch.num_tokens / len(problems),
+            # For sft these are the teacher's samples, for the other methods the student's own.
+            sample_accuracy=sum(tasks.is_correct(p, r) for p, r in zip(problems, batch.texts)) / len(problems),
+            seconds=time.time() - t0,
+        )
+        return record
+
+    def _loss(self, logits, logp, entropy, teacher_logp, teacher_logits, batch, step):
+        c, valid = self.config, batch.valid
+        if c.method == "reopold":
+            out = losses.reopold_loss(
+                logp, entropy, teacher_logp, valid, step, self.credit_config,
+                sampling_logp=batch.sampling_logp if self._off_policy else None,
+                ratio_clip=c.ratio_clip,
+            )
+            return out.loss, out.stats
+        if c.method == "opd":
+            return losses.opd_loss(logp, teacher_logp, valid), {}
+        if c.method == "gkd":
+            return losses.generalized_jsd(logits, teacher_logits, valid, c.gkd_beta), {}
+        if c.method == "skew-rkl":
+            return losses.skew_reverse_kl(logits, teacher_logits, valid, c.skew_alpha), {}
+        return losses.sft_loss(logp, valid), {}
+
+    # ----- the loop ---------------------------------------------------------------------------------------
+    def run(self, progress: bool = True) -> list[dict]:
+        from tqdm.auto import tqdm
+
+        c = self.config
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "config.json").write_text(json.dumps(dataclasses.asdict(c), indent=1))
+        evals = []
+        if self.step == 0:
+            evals.append(self._evaluate())
+        bar = tqdm(total=c.steps, initial=self.step, desc=f"distill {c.method} seed {c.seed}", disable=not progress)
+        while self.step < c.steps:
+            record = self.train_step()
+            self._append("train.jsonl", record)
+            bar.update(1)
+            bar.set_postfix(loss=f"{record['loss']:.3f}", ent=f"{record['entropy']:.2f}",
+                            acc=f"{record['sample_accuracy']:.2f}")
+            if self.step % c.eval_every == 0 or self.step == c.steps:
+                evals.append(self._evaluate())
+                bar.write(f"step {self.step}: held-out accuracy {evals[-1]['accuracy']:.3f}")
+            if self.step % c.checkpoint_every == 0 or self.step == c.steps:
+                self.save_checkpoint()
+        bar.close()
+        return evals
+
+    def _evaluate(self) -> dict:
+        result = evaluate(self.fast, self.tokenizer, self.eval_set, self.config.max_new_tokens)
+        result.update(step=self.step, samples=self.samples_seen)
+        self._append("eval.jsonl", result)
+        return result
+
+    def _append(self, name: str, record: dict) -> None:
+        with (self.out / name).open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    # ----- checkpoints ------------------------------------------------------------------------------------
+    def _checkpoint_dir(self) -> Path | None:
+        for name in ("checkpoint", "checkpoint.old"):  # .old survives a crash in the middle of a swap
+            path = self.out / name
+            if (path / "state.json").exists():
+                return path
+        return None
+
+    def save_checkpoint(self) -> Path:
+        final, tmp, old = self.out / "checkpoint", self.out / "checkpoint.tmp", self.out / "checkpoint.old"
+        shutil.rmtree(tmp, ignore_errors=True)
+        save_model(self.student, self.tokenizer, tmp)
+        # Our own optimizer state, read back with weights_only=True (tensors and plain containers only).
+        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+        state = {"step": self.step, "samples_seen": self.samples_seen, "config": dataclasses.asdict(self.config)}
+        (tmp / "state.json").write_text(json.dumps(state, indent=1))
+        if final.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def _load_state(self, folder: Path) -> None:
+        state = json.loads((folder / "state.json").read_text())
+        self.step, self.samples_seen = int(state["step"]), int(state["samples_seen"])
+        self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
+        # Logs may run ahead of the checkpoint after a crash: drop the records the resumed run will redo.
+        for name in ("train.jsonl", "eval.jsonl"):
+            path = self.out / name
+            if path.exists():
+                keep = [l for l in path.read_text().splitlines() if json.loads(l)["step"] <= self.step]
+                path.write_text("".join(l + "\n" for l in keep))

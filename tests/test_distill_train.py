@@ -1,0 +1,219 @@
+"""Distillation on tiny random models: tasks, rollouts, teacher scoring (same and cross vocabulary), every
+method's training step, checkpoint + exact resume, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import string
+
+import pytest
+import torch
+from conftest import tiny_llama
+
+from hyflash.distill import rollout, tasks
+from hyflash.distill.student import save_model, truncate_layers
+from hyflash.distill.trainer import METHODS, DistillConfig, Trainer
+from hyflash.errors import HyflashError
+
+CORE = list(dict.fromkeys(" \n0123456789+-=.:QAnswer"))
+
+
+def char_tokenizer(size: int = 97, width: int = 1):
+    """An offline fast tokenizer over characters (width 1) or character pairs (width 2): two different
+    vocabularies that cut the same text differently, for the cross-vocabulary tests."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<eos>", "<unk>"]
+    if width == 1:
+        extra = [c for c in string.ascii_letters + string.punctuation if c not in CORE]
+        units = (CORE + extra)[: size - len(specials)]
+    else:
+        units = CORE + [a + b for a in CORE for b in CORE]
+    tk = Tokenizer(models.WordLevel({t: i for i, t in enumerate(specials + units)}, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]{1,%d}" % width), behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run ~7x faster on one thread on this shared 2-core machine (no spin-wait contention)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def models():
+    teacher = tiny_llama(seed=0, vocab=97, layers=4)
+    student = truncate_layers(teacher, 2)
+    return teacher, student, char_tokenizer()
+
+
+# ----- tasks ----------------------------------------------------------------------------------------------
+def test_arithmetic_splits_are_disjoint_and_answers_check():
+    train = tasks.arithmetic_split("train", 300, seed=1)
+    test_a = tasks.arithmetic_split("test", 80, seed=1)
+    test_b = tasks.arithmetic_split("test", 80, seed=2)
+    assert not {p.question for p in train} & ({p.question for p in test_a} | {p.question for p in test_b})
+    assert [p.question for p in test_a] != [p.question for p in test_b]  # the seed picks the problems
+    assert test_a == tasks.arithmetic_split("test", 80, seed=1)  # and is deterministic
+    assert {p.level for p in train} == {1, 2, 3}
+    for p in train[:50]:
+        assert eval(p.question) == p.answer  # the question is a plain Python expression
+        assert tasks.is_correct(p, p.solution) and p.prompt.startswith(tasks.FEW_SHOT)
+        assert not tasks.is_correct(p, p.solution.replace(str(p.answer), str(p.answer + 1)))
+    assert tasks.extract_answer(" 3 + 4 = 7. Answer: 7\nQ: 1 + 1\nA: Answer: 2") == 7
+    assert tasks.extract_answer(" no answer here") is None
+    with pytest.raises(HyflashError):
+        tasks.arithmetic_split("dev", 3, 0)
+
+
+def test_humaneval_runs_in_a_limited_subprocess():
+    problem = tasks.humaneval_problems()["HumanEval/0"]
+    assert tasks.check_humaneval(problem, problem["canonical_solution"]).status == "passed"
+    assert tasks.check_humaneval(problem, "    return False\n").status == "failed"
+    assert tasks.check_humaneval(problem, "    while True:\n        pass\n", timeout=1.0).status == "timeout"
+    hog = "    x = bytearray(2 << 30)\n    return False\n"  # 2 GiB: over the memory limit
+    assert tasks.check_humaneval(problem, hog, memory_mb=256).status == "failed"
+
+
+def test_humaneval_pass_at_1_pipeline(models):
+    from hyflash.distill.trainer import evaluate_humaneval
+
+    _, student, tok = models
+    assert evaluate_humaneval(student, tok, limit=2, max_new_tokens=4) == {"pass@1": 0.0, "problems": 2}
+
+
+# ----- rollouts and teacher scoring ------------------------------------------------------------------------
+def test_rollout_log_probs_match_the_training_pass(models):
+    """Sampling (cached, step by step, left-padded) and the training pass (one batched forward) must agree
+    on positions and padding: the sampled tokens' log-probs are the same."""
+    _, student, tok = models
+    prompts = [p.prompt for p in tasks.arithmetic_split("train", 4, 0)]
+    gen = torch.Generator().manual_seed(0)
+    r = rollout.sample(student, tok, prompts, max_new_tokens=10, temperature=1.0, generator=gen)
+    assert len({len(tok(p)["input_ids"]) for p in prompts}) > 1  # the batch really has padding
+    with torch.no_grad():
+        logits = rollout.response_logits(student, r.ids, r.attention_mask, r.prompt_len)
+    logp = torch.log_softmax(logits, -1).gather(-1, r.response[..., None]).squeeze(-1)
+    torch.testing.assert_close(logp[r.valid], r.sampling_logp[r.valid], rtol=1e-4, atol=1e-4)
+    for row, text in enumerate(r.texts):
+        assert text == tok.decode(r.response[row][r.valid[row]].tolist(), skip_special_tokens=True)
+        assert "\n" not in text[:-1]  # stops at the first newline
+
+
+def test_credit_by_spans():
+    student = [(0, 2), (2, 3), (3, 7)]
+    assert rollout.credit_by_spans(student, [1, 2, 3, 5, 7], [1, 2, 4, 8, 16]) == [3, 4, 24]
+    assert rollout.credit_by_spans(student, [0, 9], [1, 2]) == [1, 0, 2]  # out-of-range ends are kept
+
+
+def test_cross_vocab_scoring(models):
+    teacher, student, tok = models
+    prompts = [p.prompt for p in tasks.arithmetic_split("train", 3, 5)]
+    r = rollout.sample(student, tok, prompts, 8, temperature=1.0, generator=torch.Generator().manual_seed(1))
+    # Same tokenizer through the text path: identical to direct scoring up to the first special token (it
+    # decodes to no text, so no teacher can score it, and the text context differs after it).
+    direct, _ = rollout.teacher_scores(teacher, r)
+    via_text = rollout.teacher_scores_cross_vocab(teacher, tok, tok, r)
+    special = r.response < 3
+    clean = r.valid & (special.long().cumsum(1) == 0)
+    assert special[r.valid].any() and clean.sum() > 8  # both cases occur in this batch
+    torch.testing.assert_close(via_text[clean], direct[clean], rtol=1e-4, atol=1e-4)
+    assert torch.all(via_text[special] == 0)
+    # A pair tokenizer: credit summed per student token equals the teacher's log-prob of the whole text.
+    pair_tok = char_tokenizer(width=2)
+    pair_teacher = tiny_llama(seed=3, vocab=len(pair_tok), layers=2)
+    credited = rollout.teacher_scores_cross_vocab(pair_teacher, pair_tok, tok, r)
+    for row in range(len(prompts)):
+        p_ids = pair_tok(prompts[row])["input_ids"]
+        t_ids = pair_tok(r.texts[row], add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            logits = pair_teacher(torch.tensor([p_ids + t_ids])).logits[0, len(p_ids) - 1 : -1]
+        total = torch.log_softmax(logits, -1).gather(-1, torch.tensor(t_ids)[:, None]).sum()
+        assert float(credited[row].sum()) == pytest.approx(float(total), rel=1e-4, abs=1e-4)
+        assert torch.all(credited[row][~r.valid[row]] == 0)
+
+
+# ----- training ---------------------------------------------------------------------------------------------
+def _config(tmp_path, method, **kw):
+    base = dict(method=method, out=str(tmp_path / method), steps=2, batch_size=3, max_new_tokens=6,
+                eval_every=2, eval_size=4, checkpoint_every=2, lr=1e-3, switch_step=1, train_pool=40)
+    base.update(kw)
+    return DistillConfig(**base)
+
+
+def _trainer(models, config, **kw):
+    import copy
+
+    teacher, student, tok = models
+    return Trainer(config, copy.deepcopy(student), tok, teacher, tok, **kw)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_trains_and_logs(models, tmp_path, method):
+    trainer = _trainer(models, _config(tmp_path, method))
+    before = [p.detach().clone() for p in trainer.student.parameters() if p.requires_grad]
+    evals = trainer.run(progress=False)
+    after = [p for p in trainer.student.parameters() if p.requires_grad]
+    assert any(not torch.equal(a, b) for a, b in zip(before, after))
+    log = [json.loads(l) for l in (tmp_path / method / "train.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2] and [r["samples"] for r in log] == [3, 6]
+    for key in ("loss", "entropy", "reward_q50") if method != "sft" else ("loss", "entropy"):
+        assert all(torch.isfinite(torch.tensor(r[key])) for r in log)
+    if method == "reopold":
+        assert log[0]["phase"] == 1 and log[1]["phase"] == 2
+        assert {"kept_fraction", "clipped_fraction", "reward_q05"} <= set(log[1])
+    assert [e["samples"] for e in evals] == [0, 6]
+
+
+def test_checkpoint_and_exact_resume(models, tmp_path):
+    kw = dict(steps=4, updates_per_rollout=2, checkpoint_every=2, eval_every=10)
+    straight = _trainer(models, _config(tmp_path / "a", "reopold", **kw))
+    straight.run(progress=False)
+    half = _trainer(models, _config(tmp_path / "b", "reopold", **dict(kw, steps=2)))
+    half.run(progress=False)
+    with pytest.raises(HyflashError):  # an existing run is never silently overwritten
+        _trainer(models, _config(tmp_path / "b", "reopold", **kw))
+    resumed = _trainer(models, _config(tmp_path / "b", "reopold", **kw), resume=True)
+    assert resumed.step == 2 and resumed.samples_seen == 6
+    resumed.run(progress=False)
+    for (name, a), (_, b) in zip(straight.student.state_dict().items(), resumed.student.state_dict().items()):
+        assert torch.equal(a, b), name
+    strip = lambda path: [{k: v for k, v in json.loads(l).items() if k != "seconds"}
+                          for l in path.read_text().splitlines()]
+    assert strip(tmp_path / "a/reopold/train.jsonl") == strip(tmp_path / "b/reopold/train.jsonl")
+    assert not (tmp_path / "b/reopold/checkpoint.tmp").exists()
+
+
+def test_full_distribution_methods_refuse_another_vocabulary(models, tmp_path):
+    teacher, student, tok = models
+    pair_tok = char_tokenizer(width=2)
+    pair_teacher = tiny_llama(seed=3, vocab=len(pair_tok), layers=2)
+    with pytest.raises(HyflashError, match="reopold or opd"):
+        Trainer(_config(tmp_path, "gkd"), student, tok, pair_teacher, pair_tok)
+    trainer = Trainer(_config(tmp_path, "reopold"), student, tok, pair_teacher, pair_tok)
+    assert trainer.cross_vocab
+    assert torch.isfinite(torch.tensor(trainer.train_step()["loss"]))
+
+
+def test_cli_distill_end_to_end(models, tmp_path):
+    from hyflash.cli import main
+
+    teacher, student, tok = models
+    save_model(teacher, tok, tmp_path / "teacher")
+    save_model(student, tok, tmp_path / "student")
+    out = tmp_path / "run"
+    argv = ["distill", "--method", "opd", "--teacher", str(tmp_path / "teacher"), "--student",
+            str(tmp_path / "student"), "--out", str(out), "--steps", "2", "--batch-size", "2",
+            "--max-new-tokens", "5", "--eval-every", "1", "--eval-size", "4", "--teacher-dtype", "float32"]
+    assert main(argv) == 0
+    assert (out / "accuracy.png").exists() and (out / "checkpoint" / "model.safetensors").exists()
+    assert len((out / "eval.jsonl").read_text().splitlines()) == 3
+    assert main(argv) == 2  # exists: needs --resume
+    assert main(argv[:-6] + ["--steps", "3", "--eval-every", "1", "--eval-size", "4", "--resume",
+                             "--teacher-dtype", "float32"]) == 0
+    assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 3
