@@ -1,0 +1,83 @@
+"""The one dataclass that configures a drafter training run (every field is a `hyflash train` flag)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from hyflash.errors import HyflashError
+
+# Fields that do not change what is computed: they may differ between a run and its resumption.
+BOOKKEEPING = ("out", "save_every", "keep_checkpoints", "log_every", "eval_every", "eval_prompts",
+               "eval_new_tokens", "threads", "feature_cache", "plot")
+
+
+@dataclass
+class TrainConfig:
+    data: list[str] = field(default_factory=list)  # data folders written by `hyflash data`
+    out: str = "runs/drafter"
+    model: str = "smollm2-135m"
+    dtype: str = "bfloat16"  # the target's dtype for features (and held-out tau)
+    # ----- the drafter -----
+    kind: str = "hyflash"
+    num_layers: int = 1
+    block_size: int = 8
+    window: int = 64
+    chunk_size: int = 16
+    memory_rule: str = "gated_delta"
+    draft_vocab_size: int = 16384  # most frequent target-written tokens; 0 = the full vocabulary
+    init: str = ""  # a drafter folder to start from (e.g. to continue training a shipped drafter)
+    # ----- optimisation -----
+    steps: int = 1000
+    batch_size: int = 8  # sequences per step, all processes together
+    anchors: int = 48  # blocks per sequence
+    max_length: int = 2048  # longer sequences keep their last max_length tokens
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 50
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    loss: str = "ce"  # ce: position-weighted cross-entropy | kl: KL to the target's distribution
+    gamma: float = 4.0  # slot weights exp(-(k-1)/gamma); DFlash uses 7 for B=16
+    autocast: bool = True  # bf16 autocast for the drafter's forward/backward (fp32 master weights)
+    seed: int = 0
+    # ----- bookkeeping -----
+    feature_cache: str = ""  # folder to cache target features in; "" = compute them every step
+    save_every: int = 50
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    eval_every: int = 0  # held-out tau by real speculative decoding every N steps (0 = only at the end)
+    eval_prompts: int = 6
+    eval_new_tokens: int = 64
+    save_dtype: str = "bfloat16"  # dtype of the exported drafter weights
+    threads: int = 0  # torch threads per process; 0 = torch's default
+    plot: bool = True
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                raise HyflashError(f"bad training config: {message}")
+
+        need(self.loss in ("ce", "kl"), f"loss must be ce or kl, got {self.loss!r}")
+        need(self.steps >= 1 and self.batch_size >= 1 and self.anchors >= 1, "steps, batch_size, anchors must be >= 1")
+        need(self.block_size >= 2, f"block_size must be >= 2, got {self.block_size}")
+        need(self.max_length > self.block_size, "max_length must exceed block_size")
+        need(0 <= self.warmup_steps, "warmup_steps must be >= 0")
+        need(self.save_dtype in ("bfloat16", "float32", "float16"), f"unknown save_dtype {self.save_dtype!r}")
+
+    def fingerprint(self) -> dict:
+        """What a checkpoint must agree with to be resumed: everything that shapes the trajectory."""
+        out = asdict(self)
+        for name in BOOKKEEPING:
+            out.pop(name)
+        return out
+
+    def drafter_overrides(self) -> dict:
+        return {
+            "kind": self.kind,
+            "num_layers": self.num_layers,
+            "block_size": self.block_size,
+            "window": self.window,
+            "chunk_size": self.chunk_size,
+            "memory_rule": self.memory_rule,
+            "draft_vocab_size": self.draft_vocab_size or None,
+        }

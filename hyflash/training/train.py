@@ -1,0 +1,269 @@
+"""Drafter training: random-anchor block training on target-written data, resumable, data-parallel.
+
+One step: a global batch of sequences (the same for any number of processes; process r of N takes every
+N-th), target features for them (on the fly or from the disk cache), many random anchors per sequence, one
+drafter forward over all blocks, a position-weighted loss normalised by the *global* weight sum, AdamW with
+warm-up + cosine, gradient clipping. Under `torchrun --nproc_per_node N` gradients are averaged by
+DistributedDataParallel (gloo on CPU, nccl on CUDA); with the global normalisation N processes compute the
+same update as one.
+
+Output folder: log.jsonl (one JSON object per logged step / evaluation), checkpoints/step-*/ (resume),
+drafter/ (the trained drafter, loadable with --drafter PATH), curves.png, train_config.json.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hyflash.errors import HyflashError
+from hyflash.training import checkpoint as ckpt
+from hyflash.training.batches import draft_vocab_from_counts, epoch_order, make_batch, to_draft_ids
+from hyflash.training.config import TrainConfig
+from hyflash.training.data import TokenDataset, atomic_write_json
+from hyflash.training.features import FeatureCache, batch_features
+from hyflash.training.losses import expected_acceptance, position_weights, slot_accuracy, weighted_ce, weighted_kl
+
+
+class _StepModule(nn.Module):
+    """forward = the training forward, so DistributedDataParallel sees (and syncs) it."""
+
+    def __init__(self, drafter):
+        super().__init__()
+        self.drafter = drafter
+
+    def forward(self, features, tokens, anchors):
+        return self.drafter.logits(self.drafter.train_forward(features, tokens, anchors))
+
+
+def lr_factor(step: int, config: TrainConfig) -> float:
+    """Linear warm-up, then cosine decay to min_lr_ratio at the last step."""
+    if step < config.warmup_steps:
+        return (step + 1) / config.warmup_steps
+    span = max(1, config.steps - config.warmup_steps)
+    progress = min(1.0, (step - config.warmup_steps) / span)
+    return config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _dist_info() -> tuple[int, int, int]:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def build_drafter(config: TrainConfig, target, dataset: TokenDataset):
+    """A fresh drafter (or one loaded from --init) with its draft vocabulary picked from the training data."""
+    from hyflash.drafters.config import DrafterConfig
+    from hyflash.drafters.model import DrafterModel
+
+    if config.init:
+        model = DrafterModel.from_pretrained(config.init, target, dtype=torch.float32)
+        return model.train()
+    torch.manual_seed(config.seed)  # identical initial weights in every process
+    model = DrafterModel(DrafterConfig.for_target(target, **config.drafter_overrides()), target)
+    if config.draft_vocab_size:
+        counts = dataset.generated_token_counts(target.vocab_size)
+        ids = draft_vocab_from_counts(counts, config.draft_vocab_size, sorted(target.eos_token_ids))
+        model.set_draft_vocab(torch.from_numpy(ids))
+    return model.float().train()
+
+
+def export_drafter(model, target, path: Path, dtype: str) -> Path:
+    """Save the drafter (weights only, no target pieces) in `dtype`: bf16 halves the file."""
+    from hyflash.drafters.model import DrafterModel
+
+    copy = DrafterModel(model.config, target)
+    copy.load_state_dict(model.state_dict())
+    return copy.to(getattr(torch, dtype)).save_pretrained(path)
+
+
+class JsonlLog:
+    """Append-only JSONL; on resume, records after the restored step (written by the killed run) are dropped."""
+
+    def __init__(self, path: Path, resume_step: int | None):
+        self.path = path
+        if resume_step is None:
+            path.write_text("")
+        elif path.exists():
+            kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= resume_step]
+            path.write_text("".join(line + "\n" for line in kept))
+
+    def write(self, record: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def train(config: TrainConfig, resume: bool = False, progress: bool = True, target=None) -> Path:
+    """Run (or resume) a training run; returns the folder of the exported drafter."""
+    rank, world, local_rank = _dist_info()
+    if world > 1 and not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend)
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    if config.batch_size % world:
+        raise HyflashError(f"--batch-size {config.batch_size} must be a multiple of the {world} processes")
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    dataset = TokenDataset([Path(d) for d in config.data])
+    if target is None:
+        from hyflash.targets import Target
+
+        target = Target.load(config.model, dtype=config.dtype)
+    if torch.cuda.is_available():
+        target.model.to(f"cuda:{local_rank}")
+    if dataset.target and {k: dataset.target[k] for k in target.signature()} != target.signature():
+        raise HyflashError(f"the data in {config.data[0]} was written by another target ({dataset.target['name']})")
+    model = build_drafter(config, target, dataset).to(target.device)
+    step_module = _StepModule(model)
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        step_module = DistributedDataParallel(step_module, find_unused_parameters=True)
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=config.lr, betas=(0.9, 0.95),
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, config))
+    fingerprint = config.fingerprint()
+
+    start_step = 0
+    checkpoints = out / "checkpoints"
+    if resume:
+        found = ckpt.list_checkpoints(checkpoints)
+        if found:
+            restored = ckpt.load_checkpoint(found[-1], model, optimizer, scheduler, fingerprint)
+            start_step = restored.step
+            if rank == 0:
+                print(f"resumed from {found[-1]} (step {start_step})", flush=True)
+        elif rank == 0:
+            print(f"no checkpoint in {checkpoints}: starting from scratch", flush=True)
+    elif ckpt.list_checkpoints(checkpoints):
+        raise HyflashError(f"{out} already holds checkpoints: pass --resume to continue, or use another --out")
+
+    log = JsonlLog(out / "log.jsonl", start_step if resume else None) if rank == 0 else None
+    if rank == 0:
+        atomic_write_json(out / "train_config.json", {**asdict(config), "world_size": world,
+                                                      "drafter": model.config.to_dict(),
+                                                      "trainable_params": model.param_count(),
+                                                      "data": dataset.stats()})
+    cache = None
+    if config.feature_cache:
+        cache = FeatureCache(Path(config.feature_cache), target)
+    weights = position_weights(config.block_size, config.gamma)
+    lengths = np.array([len(s) for s in dataset.sequences])
+    batches_per_epoch = len(dataset) // config.batch_size
+    if batches_per_epoch == 0:
+        raise HyflashError(f"{len(dataset)} sequences are fewer than one batch of {config.batch_size}")
+    eval_prompts = _heldout_prompts(target, config) if rank == 0 else []
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=config.steps, initial=start_step, disable=not progress or rank != 0, desc="train", unit="step")
+    order, order_epoch = None, -1
+    timer, tokens_seen = time.perf_counter(), 0
+    for step in range(start_step, config.steps):
+        epoch, position = divmod(step, batches_per_epoch)
+        if epoch != order_epoch:
+            order, order_epoch = epoch_order(len(dataset), lengths, config.batch_size, config.seed, epoch), epoch
+        indices = [int(i) for i in order[position]][rank::world]
+        batch = make_batch(dataset, indices, config.anchors, config.block_size, config.max_length, config.seed, epoch)
+        features, target_logits = batch_features(target, batch, dataset, cache, want_logits=config.loss == "kl")
+        labels = to_draft_ids(batch.labels, model.draft_vocab_ids, target.vocab_size).to(target.device)
+
+        with torch.autocast(target.device.type, dtype=torch.bfloat16, enabled=config.autocast):
+            logits = step_module(features, batch.tokens.to(target.device), batch.anchors.to(target.device))
+        if config.loss == "ce":
+            loss_sum, weight_sum = weighted_ce(logits, labels, weights)
+        else:
+            slot_pos = batch.anchors[..., None] + torch.arange(config.block_size - 1)  # slot k reads position a+k-1
+            tl = target_logits[torch.arange(len(indices))[:, None, None], slot_pos.clamp(max=target_logits.shape[1] - 1)]
+            if model.draft_vocab_ids is not None:
+                tl = tl[..., model.draft_vocab_ids.to(tl.device)]
+            loss_sum, weight_sum = weighted_kl(logits, tl, labels, weights)
+        # Normalise by the weight of the whole global batch; DDP then averages gradients over processes,
+        # so multiply by the world size to get exactly the one-process gradient.
+        totals = torch.stack([weight_sum.detach().float(), loss_sum.detach().float()])
+        if world > 1:
+            dist.all_reduce(totals)
+        loss = loss_sum * world / totals[0].clamp_min(1e-9)
+        optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+        for p in params:  # parameters a step did not reach get a zero gradient in every mode (as DDP gives)
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip) if config.grad_clip > 0 else None
+        optimizer.step()
+        scheduler.step()
+        done = step + 1
+        tokens_seen += int(batch.lengths.sum())
+
+        if rank == 0:
+            global_loss = float(totals[1] / totals[0].clamp_min(1e-9))
+            record = None
+            if done % config.log_every == 0 or done == config.steps:
+                acc = slot_accuracy(logits.detach(), labels)
+                elapsed = time.perf_counter() - timer
+                record = {
+                    "step": done, "epoch": epoch, "loss": global_loss, "lr": scheduler.get_last_lr()[0],
+                    "grad_norm": None if grad_norm is None else float(grad_norm),
+                    "acc_by_slot": [round(a, 4) for a in acc],
+                    "expected_tau": expected_acceptance(logits.detach(), labels),
+                    "seconds_per_step": elapsed / max(1, config.log_every), "tokens_seen": tokens_seen,
+                }
+                timer = time.perf_counter()
+                log.write(record)
+            bar.set_postfix(loss=f"{global_loss:.3f}", **({"acc1": f"{record['acc_by_slot'][0]:.2f}"} if record else {}))
+            bar.update(1)
+        if done % config.save_every == 0 or done == config.steps:
+            if rank == 0:
+                ckpt.save_checkpoint(checkpoints, done, model, optimizer, scheduler, fingerprint,
+                                     extra={"epoch": epoch}, keep=config.keep_checkpoints)
+            if world > 1:
+                dist.barrier()
+        want_eval = config.eval_every and done % config.eval_every == 0
+        if rank == 0 and (want_eval or done == config.steps) and eval_prompts:
+            from hyflash.training.evaluate import heldout_tau
+
+            result = heldout_tau(model, target, eval_prompts, config.eval_new_tokens)
+            log.write({"step": done, "eval": result})
+            bar.set_postfix(loss=f"{global_loss:.3f}", tau=f"{result['tau']:.2f}")
+            model.train()
+        if world > 1 and want_eval:
+            dist.barrier()
+    bar.close()
+
+    drafter_dir = out / "drafter"
+    if rank == 0:
+        export_drafter(model, target, drafter_dir, config.save_dtype)
+        if config.plot:
+            from hyflash.training.plots import plot_curves
+
+            plot_curves(out / "log.jsonl", out / "curves.png")
+        print(f"drafter saved to {drafter_dir}", flush=True)
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    return drafter_dir
+
+
+def _heldout_prompts(target, config: TrainConfig) -> list[list[int]]:
+    """Chat prompts from held-out standard-library modules (never HumanEval), for tau during training."""
+    if config.eval_prompts <= 0 or target.tokenizer is None:
+        return []
+    from hyflash.training.prompts import build_prompts
+
+    prompts = [p for p in build_prompts("heldout", seed=config.seed + 1, long_chars=0) if p.kind == "complete"]
+    return [target.encode_prompt(p.text, chat=True) for p in prompts[: config.eval_prompts]]

@@ -1,0 +1,277 @@
+"""Training pieces in-process, on tiny random targets: prompts, data folders, anchors/labels, losses,
+checkpoints (round trip, corrupt, mismatched), the feature cache and one short training run."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hyflash.errors import HyflashError
+from hyflash.training import checkpoint as ckpt
+from hyflash.training.batches import draft_vocab_from_counts, epoch_order, make_batch, sample_anchors, to_draft_ids
+from hyflash.training.config import TrainConfig
+from hyflash.training.data import TokenDataset, write_dataset
+from hyflash.training.losses import position_weights, weighted_ce, weighted_kl
+from hyflash.training.prompts import build_prompts, split_of
+
+MODULE_SOURCE = '''
+import os
+
+
+def add(a, b):
+    """Add two numbers and return the sum."""
+    total = a + b
+    return total
+
+
+def scale(values, factor):
+    out = []
+    for v in values:
+        out.append(v * factor)
+    return out
+
+
+class Box:
+    def area(self, w, h):
+        """Area of a w x h box."""
+        result = w * h
+        return result
+'''
+
+
+@pytest.fixture()
+def fake_stdlib(tmp_path):
+    root = tmp_path / "lib"
+    for i in range(12):
+        (root / f"pkg{i % 3}").mkdir(parents=True, exist_ok=True)
+        (root / f"pkg{i % 3}" / f"mod{i}.py").write_text(MODULE_SOURCE.replace("add", f"add{i}"))
+    (root / "broken.py").write_text("def oops(:\n")  # unparsable files are skipped, not fatal
+    return root
+
+
+def test_prompts_split_by_module_and_deterministic(fake_stdlib):
+    train = build_prompts("train", root=fake_stdlib, heldout_percent=40)
+    held = build_prompts("heldout", root=fake_stdlib, heldout_percent=40)
+    assert train and held
+    assert not {p.module for p in train} & {p.module for p in held}
+    assert all(split_of(p.module, 40) == "train" for p in train)
+    assert build_prompts("train", root=fake_stdlib, heldout_percent=40) == train
+    assert {p.kind for p in train} <= {"code", "complete", "explain", "write", "long"}
+    assert all("HumanEval" not in p.text for p in train)
+    with pytest.raises(HyflashError):
+        build_prompts("test", root=fake_stdlib)
+
+
+def _tiny_data(target, folder: Path, n: int = 12, prompt: int = 8, new: int = 24, seed: int = 0) -> TokenDataset:
+    prompts = torch.randint(0, target.vocab_size, (n, prompt), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        out = target.model.generate(input_ids=prompts, max_new_tokens=new, do_sample=False, pad_token_id=0)
+    write_dataset(folder, [r.tolist() for r in out], [prompt] * n, target.signature(), name="tiny")
+    return TokenDataset(folder)
+
+
+def test_data_folder_round_trip_and_checksum(llama_target, tmp_path):
+    data = _tiny_data(llama_target, tmp_path / "d")
+    assert len(data) == 12 and data.stats()["generated_tokens"] == 12 * 24
+    assert data[0][1] == 8 and len(data.keys) == 12
+    shard = tmp_path / "d" / "shard-00000.safetensors"
+    raw = bytearray(shard.read_bytes())
+    raw[-3] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(HyflashError, match="checksum"):
+        TokenDataset(tmp_path / "d")
+    with pytest.raises(HyflashError, match="not a hyflash data folder"):
+        TokenDataset(tmp_path / "nothing")
+
+
+def test_anchors_only_on_target_written_blocks():
+    for seed in range(20):
+        length, gen_start = random.Random(seed).randint(12, 40), random.Random(seed + 1).randint(1, 10)
+        anchors, valid = sample_anchors(length, gen_start, 8, 4, seed, 0, 3)
+        assert (anchors[valid] >= gen_start).all() and (anchors <= length - 2).all()
+        again = sample_anchors(length, gen_start, 8, 4, seed, 0, 3)
+        assert (again[0] == anchors).all()
+
+
+class _Seqs:
+    def __init__(self, seqs, starts):
+        self.seqs, self.starts = seqs, starts
+
+    def __getitem__(self, i):
+        return np.asarray(self.seqs[i]), self.starts[i]
+
+
+def test_batch_labels_are_the_next_tokens_and_masked_past_the_end():
+    seqs = [list(range(100, 130)), list(range(200, 212))]
+    batch = make_batch(_Seqs(seqs, [5, 3]), [0, 1], num_anchors=6, block_size=4, max_length=64, seed=0, epoch=0)
+    for b, seq in enumerate(seqs):
+        for a, lab in zip(batch.anchors[b].tolist(), batch.labels[b].tolist()):
+            for k, label in enumerate(lab, start=1):
+                assert label == (seq[a + k] if a + k < len(seq) else -1)
+    # Cropping keeps the last max_length tokens and shifts gen_start with them.
+    cropped = make_batch(_Seqs(seqs, [5, 3]), [0], num_anchors=4, block_size=4, max_length=16, seed=0, epoch=0)
+    assert cropped.offsets == [14] and cropped.tokens[0, 0].item() == 114
+
+
+def test_draft_vocabulary_mapping():
+    counts = np.array([5, 0, 9, 9, 1, 0])
+    ids = draft_vocab_from_counts(counts, 3, always=[5])
+    assert ids.tolist() == [5, 2, 3]
+    labels = torch.tensor([[2, 0, 5, -1]])
+    assert to_draft_ids(labels, torch.from_numpy(ids), 6).tolist() == [[1, -1, 0, -1]]
+
+
+def test_epoch_order_covers_each_sequence_once_in_similar_length_batches():
+    lengths = np.arange(64)
+    order = epoch_order(64, lengths, 4, seed=0, epoch=1)
+    assert sorted(order.ravel().tolist()) == list(range(64))
+    assert (epoch_order(64, lengths, 4, seed=0, epoch=1) == order).all()
+    assert not (epoch_order(64, lengths, 4, seed=0, epoch=2) == order).all()
+
+
+def test_losses():
+    w = position_weights(5, 2.0)
+    assert w.tolist() == pytest.approx([1.0, np.exp(-0.5), np.exp(-1.0), np.exp(-1.5)])
+    logits = torch.randn(2, 3, 4, 7)
+    labels = torch.randint(0, 7, (2, 3, 4))
+    labels[0, 0, 2] = -1
+    s, n = weighted_ce(logits, labels, w)
+    manual = sum(
+        -torch.log_softmax(logits[i, j, k], -1)[labels[i, j, k]] * w[k]
+        for i in range(2) for j in range(3) for k in range(4) if labels[i, j, k] >= 0
+    )
+    assert s.item() == pytest.approx(manual.item(), rel=1e-5)
+    assert n.item() == pytest.approx((w.sum() * 6 - w[2]).item(), rel=1e-6)
+    kl, _ = weighted_kl(logits, logits.clone(), labels, w)
+    assert abs(kl.item()) < 1e-5
+
+
+def _small_run(data_folder: Path, out: Path, **overrides) -> TrainConfig:
+    settings = dict(data=[str(data_folder)], out=str(out), steps=4, batch_size=4, anchors=6, block_size=4,
+                    window=8, chunk_size=4, draft_vocab_size=40, warmup_steps=1, save_every=2, log_every=1,
+                    autocast=False, save_dtype="float32", plot=False)
+    settings.update(overrides)
+    return TrainConfig(**settings)
+
+
+def test_checkpoint_round_trip_and_refusals(llama_target, tmp_path):
+    from hyflash.training.train import build_drafter
+
+    data = _tiny_data(llama_target, tmp_path / "d")
+    config = _small_run(tmp_path / "d", tmp_path / "run")
+    model = build_drafter(config, llama_target, data)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model.fusion.proj.weight.sum().backward()
+    opt.step()
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    root = tmp_path / "ckpts"
+    torch.manual_seed(123)
+    path = ckpt.save_checkpoint(root, 7, model, opt, sched, config.fingerprint())
+    expected_next = torch.rand(3)
+
+    fresh = build_drafter(config, llama_target, data)
+    opt2 = torch.optim.AdamW(fresh.parameters(), lr=1e-3)
+    restored = ckpt.load_checkpoint(path, fresh, opt2, None, config.fingerprint())
+    assert restored.step == 7
+    assert torch.equal(torch.rand(3), expected_next)  # RNG state restored
+    for (name, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
+        assert torch.equal(a, b), name
+    saved_state, restored_state = opt.state_dict()["state"], opt2.state_dict()["state"]
+    assert saved_state.keys() == restored_state.keys() and saved_state
+    for index in saved_state:
+        assert torch.equal(saved_state[index]["exp_avg_sq"], restored_state[index]["exp_avg_sq"])
+
+    other = _small_run(tmp_path / "d", tmp_path / "run", lr=5e-4)
+    with pytest.raises(HyflashError, match="other settings.*lr"):
+        ckpt.load_checkpoint(path, fresh, opt2, None, other.fingerprint())
+    weights = path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-10])
+    with pytest.raises(HyflashError, match="corrupt"):
+        ckpt.load_checkpoint(path, fresh, opt2, None, config.fingerprint())
+    (path / "meta.json").write_text("{not json")
+    with pytest.raises(HyflashError, match="corrupt"):
+        ckpt.load_checkpoint(path, fresh, opt2, None, config.fingerprint())
+
+
+def test_short_run_with_feature_cache_resume_guard_and_kl(llama_target, tmp_path):
+    from hyflash.drafters.loading import load_drafter_for_target
+    from hyflash.training.train import train
+
+    _tiny_data(llama_target, tmp_path / "d")
+    config = _small_run(tmp_path / "d", tmp_path / "run", feature_cache=str(tmp_path / "fc"), steps=6)
+    drafter_dir = train(config, progress=False, target=llama_target)
+    cached = list((tmp_path / "fc").rglob("*.safetensors"))
+    assert len(cached) == 12  # every sequence's features were cached in epoch 0 and read in epoch 1
+    records = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    assert load_drafter_for_target(drafter_dir, llama_target).block_size == 4
+    with pytest.raises(HyflashError, match="--resume"):
+        train(config, progress=False, target=llama_target)
+    kl = _small_run(tmp_path / "d", tmp_path / "run-kl", loss="kl", steps=2)
+    train(kl, progress=False, target=llama_target)
+
+
+def test_default_drafter_resolution():
+    from hyflash.training.defaults import DEFAULT_DRAFTERS, default_drafter_path
+
+    with pytest.raises(HyflashError, match="no default drafter"):
+        default_drafter_path("gemma3-270m")
+    assert "smollm2-135m" in DEFAULT_DRAFTERS
+
+
+def _tokenizer_or_skip():
+    import os
+
+    if os.environ.get("HYFLASH_SKIP_REAL_MODEL"):
+        pytest.skip("HYFLASH_SKIP_REAL_MODEL is set")
+    from transformers import AutoTokenizer
+
+    from hyflash.targets import resolve_model_path
+
+    return AutoTokenizer.from_pretrained(resolve_model_path("smollm2-135m"))
+
+
+def test_build_dataset_resumes_extends_and_records_features(fake_stdlib, tmp_path):
+    """The real SmolLM2 tokenizer (chat template included) on a tiny random model of the same vocabulary."""
+    from conftest import tiny_llama
+
+    from hyflash.targets import Target
+    from hyflash.training.data import DataConfig, build_dataset, read_manifest
+    from hyflash.training.features import FeatureCache, teacher_features
+
+    tok = _tokenizer_or_skip()
+    target = Target(tiny_llama(vocab=len(tok)), tok, name="tiny-smol")
+    cfg = DataConfig(num_prompts=5, max_new_tokens=5, batch_size=2, shard_prompts=2, source_root=str(fake_stdlib),
+                     sampled_fraction=0.5, dtype="float32")
+    out = tmp_path / "data"
+    build_dataset(cfg, out, target=target, progress=False, feature_cache=tmp_path / "fc")
+    manifest = read_manifest(out)
+    assert [s["sequences"] for s in manifest["shards"]] == [2, 2, 1] and manifest["complete"]
+    first = (out / "shard-00001.safetensors").read_bytes()
+    data = TokenDataset(out)
+    seq, gen_start = data[0]
+    assert seq.dtype == np.int64 and 0 < gen_start < len(seq) <= gen_start + 5
+    # Recorded features equal a teacher-forced pass (fp32 target: up to rounding).
+    cache = FeatureCache(tmp_path / "fc", target)
+    recorded = cache.get(data.keys[0], len(seq))
+    forced, _ = teacher_features(target, torch.as_tensor(seq)[None], torch.tensor([len(seq)]))
+    torch.testing.assert_close(recorded[:-1], forced[0, :-1], rtol=1e-4, atol=1e-4)
+
+    # A killed run: shard 1 never made it into the manifest. Resuming regenerates exactly it.
+    manifest["shards"] = [s for s in manifest["shards"] if s["index"] != 1]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    (out / "shard-00001.safetensors").unlink()
+    build_dataset(cfg, out, target=target, progress=False)
+    assert (out / "shard-00001.safetensors").read_bytes() == first
+    # More prompts extend the folder: the partial last shard is redone, a new one added.
+    cfg.num_prompts = 7
+    build_dataset(cfg, out, target=target, progress=False)
+    assert [s["sequences"] for s in read_manifest(out)["shards"]] == [2, 2, 2, 1]
+    cfg.max_new_tokens = 9
+    with pytest.raises(HyflashError, match="other settings"):
+        build_dataset(cfg, out, target=target, progress=False)
