@@ -70,7 +70,7 @@ def _figure(panels: int = 1, width: float = 5.0):
     return fig, list(axes[0])
 
 
-def _finish(fig, axes, path: Path, log_x_ticks: list[int] | None = None) -> None:
+def _finish(fig, axes, path: Path, log_x_ticks: list[int] | None = None, legend_outside: bool = False) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import NullFormatter
 
@@ -81,7 +81,8 @@ def _finish(fig, axes, path: Path, log_x_ticks: list[int] | None = None) -> None
             ax.xaxis.set_minor_formatter(NullFormatter())
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
+            where = dict(loc="center left", bbox_to_anchor=(1.02, 0.5)) if legend_outside else {}
+            ax.legend(fontsize=8, **where)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -122,7 +123,7 @@ def plot_speedup(results: dict, path: Path) -> None:
 
 
 def plot_draft_memory(results: dict, path: Path) -> None:
-    fig, (ax,) = _figure(1, 6.0)
+    fig, (ax,) = _figure(1, 8.0)
     ticks = set()
     for name, sweep in results.get("memory_sweep", {}).items():
         pts = sorted((int(k), v) for k, v in sweep.items())
@@ -132,7 +133,7 @@ def plot_draft_memory(results: dict, path: Path) -> None:
     if kv:
         ax.scatter([p[0] for p in kv], [p[1] for p in kv], color="gray", marker="x", label="target KV cache (measured)")
     ax.set(yscale="log", xlabel="context tokens", ylabel="bytes", title="draft-side memory")
-    _finish(fig, [ax], path, sorted(ticks) or None)
+    _finish(fig, [ax], path, sorted(ticks) or None, legend_outside=True)
 
 
 def plot_acceptance(results: dict, path: Path) -> None:
