@@ -88,9 +88,12 @@ def measure_draft_memory(model, length: int, piece: int = 1024) -> dict:
         n = min(piece, length - lo)
         features = torch.randn(n, len(cfg.feature_layers), cfg.target_hidden_size, generator=g).to(target.dtype)
         state.ingest(torch.randint(0, cfg.target_vocab_size, (n,), generator=g), features)
-    start = time.perf_counter()
-    state.draft(0, cfg.block_size - 1, SamplingConfig(), None)
-    return {"bytes": state.memory_bytes(), "draft_ms": 1000 * (time.perf_counter() - start)}
+    times = []
+    for _ in range(3):  # the fastest of three greedy drafts of a full block
+        start = time.perf_counter()
+        state.draft(0, cfg.block_size - 1, SamplingConfig(), None)
+        times.append(time.perf_counter() - start)
+    return {"bytes": state.memory_bytes(), "draft_ms": 1000 * min(times)}
 
 
 def cmd_info(args) -> int:
