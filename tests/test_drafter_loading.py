@@ -119,3 +119,15 @@ def test_cli_new_and_info(llama_target, tmp_path, monkeypatch, capsys):
     assert main(["drafter", "info", str(out), "--context", "x"]) == 2
     assert main(["drafter", "info", str(tmp_path / "missing")]) == 2
     assert "no drafter folder" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_untrained_drafters_on_the_real_model(smollm2_fp32, tmp_path):
+    """`hyflash drafter new` for SmolLM2, then speculative decoding with each kind equals plain greedy (fp32)."""
+    prompt = smollm2_fp32.encode_prompt("Write a Python function that reverses a string.")
+    plain = generate(smollm2_fp32, prompt, None, max_new_tokens=12)
+    for kind in KINDS:
+        out = tmp_path / kind
+        assert main(["drafter", "new", "--kind", kind, "--window", "16", "--out", str(out)]) == 0
+        spec = generate(smollm2_fp32, prompt, load_drafter_for_target(out, smollm2_fp32), max_new_tokens=12)
+        assert spec.tokens == plain.tokens, kind

@@ -96,6 +96,16 @@ def test_train_forward_equals_inference_state(request, family, kind, rule):
         assert draft.probs is None and draft.tokens.tolist() == logits[0, j].argmax(-1).tolist()
 
 
+def test_batch_rows_are_independent(llama3_target):
+    model = make(llama3_target, kind="hyflash", memory_rule="delta")
+    f1, t1 = sequence(llama3_target, 40, seed=1)
+    f2, t2 = sequence(llama3_target, 40, seed=2)
+    a1, a2 = torch.tensor([[5, 33, 20]]), torch.tensor([[38, 9, 27]])
+    both = model.train_forward(torch.cat([f1, f2]), torch.cat([t1, t2]), torch.cat([a1, a2]))
+    torch.testing.assert_close(both[:1], model.train_forward(f1, t1, a1))
+    torch.testing.assert_close(both[1:], model.train_forward(f2, t2, a2))
+
+
 def test_many_anchors_do_not_see_each_other_or_the_future(llama_target):
     """Changing tokens/features at or after an anchor leaves that anchor's hidden states unchanged
     (except its own anchor token), whatever the other anchors are."""
