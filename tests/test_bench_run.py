@@ -95,3 +95,12 @@ def test_speedup_is_a_ratio_within_one_run():
     assert by["ngram"]["speedup"] == pytest.approx(2.0)  # 40 tokens in 2 s vs 20 in 2 s (pooled, not averaged)
     assert by["ngram"]["speedup_vs_hf_pld"] == pytest.approx(1.0)
     assert by["ngram"]["speedup_vs_hf_plain"] is None  # not measured in this run: never invented
+
+
+def test_quick_mode_is_small_and_valid():
+    from hyflash.bench.datasets import SETS
+    from hyflash.bench.run import quick
+
+    config = quick(BenchConfig(n=20, max_new_tokens=512))
+    assert config.n <= 2 and config.max_new_tokens <= 48 and 0.0 in config.temperatures
+    assert set(config.sets) <= set(SETS) and "long-8k" not in config.sets

@@ -47,7 +47,8 @@ def add_cli(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--quick", action="store_true",
-                   help="regression mode: 2 prompts, 48 tokens, T=0 and 1, no 8k set (< 10 min on 2 CPU cores)")
+                   help="regression mode (overrides --sets/--n/--max-new-tokens/--temperatures): 2 prompts, "
+                   "32 tokens, T=0 and 1, sets humaneval, code, long-4k, prose (< 10 min on 2 CPU cores)")
     p.add_argument("--out", default="bench-results", help="folder for results.json, table.md and plots")
     p.add_argument("--report-only", metavar="RESULTS_JSON", help="redraw table and plots from a results.json")
     p.set_defaults(handler=cmd_bench)
