@@ -141,13 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     _add_demo(sub)
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:  # a real import error inside the module must surface
-                raise
-            continue
-        module.add_cli(sub)
+        importlib.import_module(name).add_cli(sub)
     return parser
 
 
