@@ -22,10 +22,11 @@ def _inputs(dtype, T=24, heads=3, d=8, gate_scale=3.0, seed=0):
 @pytest.mark.parametrize("rule", MEMORY_RULES)
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-4)])
 @pytest.mark.parametrize("chunk", [1, 4, 8])
-def test_chunked_equals_token_by_token(rule, dtype, tol, chunk):
+@pytest.mark.parametrize("mode", ["sequential", "blocked"])
+def test_chunked_equals_token_by_token(rule, dtype, tol, chunk, mode):
     k, v, gates = _inputs(dtype)
     initial = torch.randn(2, 3, 8, memory.value_dim(8, rule), dtype=dtype)
-    chunked = memory.chunk_scan(k, v, gates, rule, chunk, initial=initial)  # [2, 3, T/C + 1, dk, dv]
+    chunked = memory.chunk_scan(k, v, gates, rule, chunk, initial=initial, mode=mode)  # [2, 3, T/C + 1, dk, dv]
     steps = reference.recurrent_states(k, v, gates, rule, initial=initial)  # [2, 3, T + 1, dk, dv]
     assert chunked.shape[-3] == 24 // chunk + 1
     torch.testing.assert_close(chunked, steps[..., ::chunk, :, :], atol=tol, rtol=tol)
@@ -58,7 +59,12 @@ def test_delta_rule_state_stays_bounded_over_long_input():
     assert states[..., -1, :, :].norm(dim=(-1, -2)).max() < 10 * v.norm(dim=-1).max()
 
 
-def test_gradients_flow_through_the_scan():
-    k, v, gates = (x.requires_grad_() for x in _inputs(torch.float64, T=16))
-    memory.chunk_scan(k, v, gates, "gated_delta", 4).sum().backward()
-    assert all(x.grad is not None and torch.isfinite(x.grad).all() for x in (k, v, gates))
+def test_both_scans_give_the_same_gradients():
+    grads = []
+    for mode in ("sequential", "blocked"):
+        k, v, gates = (x.requires_grad_() for x in _inputs(torch.float64, T=40))
+        memory.chunk_scan(k, v, gates, "gated_delta", 4, mode=mode)[..., ::3, :, :].sum().backward()
+        grads.append([k.grad, v.grad, gates.grad])
+    for a, b in zip(*grads):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)

@@ -16,10 +16,11 @@ and γ_t = e^{g_t}. Solving once per chunk gives U = W_v - W_k S_0, so the chunk
 
   S_C = M S_0 + N,   M = γ_C I - K̃ᵀ W_k,   N = K̃ᵀ W_v,   K̃_i = e^{g_C - g_i} k_i
 
-(for linear/gated rules u = v: M = γ_C I, N = K̃ᵀ V). Every chunk's (M, N) is computed in parallel; only
-S_{j+1} = M_j S_j + N_j runs sequentially. Training reads the states at chunk boundaries, which is exactly
-what inference holds after evicting whole chunks, so both use this one function. All of it runs in at least
-float32 with autocast off: the state accumulates over the whole prefix.
+(for linear/gated rules u = v: M = γ_C I, N = K̃ᵀ V). Every chunk's map is computed in parallel; only
+S_{j+1} = M_j S_j + N_j runs in sequence (chunk by chunk, or blocked: see `chunk_scan`). Training reads the
+states at chunk boundaries, which is exactly what inference holds after evicting whole chunks, so both use
+this one function. All of it runs in at least float32 with autocast off: the state accumulates over the
+whole prefix.
 """
 
 from __future__ import annotations
@@ -74,28 +75,34 @@ def unit_lower_inverse(A: torch.Tensor) -> torch.Tensor:
     return inverse
 
 
-def chunk_transitions(k, v, log_alpha, beta, rule: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Affine maps (M [..., dk, dk] or [..., 1, 1] for a multiple of I, N [..., dk, dv]) of chunks: k [..., C, dk] and v [..., C, dv] already
-    mapped (key_map / value_map), log_alpha and beta [..., C]."""
+def chunk_transitions(k, v, log_alpha, beta, rule: str):
+    """The affine map of each chunk in low-rank form, S_C = γ_C S_0 - K̃ᵀ(W_k S_0) + N: returns (γ_C [..., 1, 1],
+    K̃ᵀ [..., dk, C], W_k [..., C, dk], N [..., dk, dv]); K̃ᵀ and W_k are None for rules without the delta term.
+    k [..., C, dk] and v [..., C, dv] are already mapped (key_map / value_map), log_alpha and beta [..., C]."""
     g = log_alpha.cumsum(-1)
-    k_end = k * torch.exp(g[..., -1:] - g)[..., None]  # K̃: each key decayed to the chunk's end
-    decay_all = torch.exp(g[..., -1])[..., None, None]  # γ_C, a scalar multiple of I: kept as [..., 1, 1]
+    k_end_t = (k * torch.exp(g[..., -1:] - g)[..., None]).transpose(-1, -2)  # K̃ᵀ: keys decayed to the chunk end
+    decay_all = torch.exp(g[..., -1])[..., None, None]
     if rule not in DELTA_RULES:
-        return decay_all, k_end.transpose(-1, -2) @ v
-    eye = torch.eye(k.shape[-1], dtype=k.dtype, device=k.device)
+        return decay_all, None, None, k_end_t @ v
     C = k.shape[-2]
     strict = torch.ones(C, C, dtype=torch.bool, device=k.device).tril(-1)
     decay = torch.exp((g[..., :, None] - g[..., None, :]).masked_fill(~strict, float("-inf")))
     A = beta[..., :, None] * decay * (k @ k.transpose(-1, -2))
     rhs = torch.cat([beta[..., None] * v, (beta * torch.exp(g))[..., None] * k], -1)
     W_v, W_k = (unit_lower_inverse(A) @ rhs).split([v.shape[-1], k.shape[-1]], -1)
-    return decay_all * eye - k_end.transpose(-1, -2) @ W_k, k_end.transpose(-1, -2) @ W_v
+    return decay_all, k_end_t, W_k, k_end_t @ W_v
 
 
-def chunk_scan(k, v, gate_logits, rule: str, chunk_size: int, initial: torch.Tensor | None = None) -> torch.Tensor:
+def chunk_scan(
+    k, v, gate_logits, rule: str, chunk_size: int, initial: torch.Tensor | None = None, mode: str = "auto"
+) -> torch.Tensor:
     """States at every chunk boundary: k, v [..., T, d] raw (unmapped), gate_logits [..., T, 2] or None,
     T a multiple of chunk_size. Returns [..., T // chunk_size + 1, dk, dv]; index j covers tokens [0, j*C)
-    (on top of `initial`, default zeros)."""
+    (on top of `initial`, default zeros).
+
+    mode `sequential` applies the low-rank maps chunk after chunk (fewest FLOPs, n small ops); `blocked`
+    composes dense maps in groups (~2√n batched ops, ~3x the FLOPs). `auto` picks sequential with one torch
+    thread or few chunks, blocked otherwise: on a busy CPU many tiny multi-threaded ops stall on the pool."""
     with torch.autocast(k.device.type, enabled=False):
         T = k.shape[-2]
         if T % chunk_size:
@@ -107,29 +114,43 @@ def chunk_scan(k, v, gate_logits, rule: str, chunk_size: int, initial: torch.Ten
         state = state.to(km.dtype)
         if n == 0:
             return state[..., None, :, :]
-        M, N = chunk_transitions(
+        decay, k_end_t, W_k, N = chunk_transitions(
             *(x.unflatten(-2, (n, chunk_size)) for x in (km, vm)),
             *(x.unflatten(-1, (n, chunk_size)) for x in (log_alpha, beta)),
             rule,
         )
-        return affine_scan(M, N, state)
+        if mode == "auto":
+            mode = "sequential" if n <= 16 or torch.get_num_threads() == 1 or k.device.type != "cpu" else "blocked"
+        if mode == "sequential":
+            return _sequential_scan(decay, k_end_t, W_k, N, state)
+        M = decay if W_k is None else decay * torch.eye(km.shape[-1], dtype=km.dtype, device=km.device) - k_end_t @ W_k
+        return _blocked_scan(M, N, state)
+
+
+def _sequential_scan(decay, k_end_t, W_k, N, state):
+    # Unbind once: indexing inside the loop would cost a full-size zero tensor per step backwards.
+    steps = [x.unbind(-3) if x is not None else [None] * N.shape[-3] for x in (decay, k_end_t, W_k, N)]
+    states = [state]
+    for g_j, kt_j, w_j, n_j in zip(*steps):
+        update = g_j * states[-1] + n_j
+        states.append(update if w_j is None else update - kt_j @ (w_j @ states[-1]))
+    return torch.stack(states, -3)
 
 
 def _apply(M: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
     return M * X if M.shape[-1] == 1 else M @ X
 
 
-def affine_scan(M: torch.Tensor, N: torch.Tensor, initial: torch.Tensor) -> torch.Tensor:
-    """All prefix states of S_{j+1} = M_j S_j + N_j: M [..., n, d, d] (or [..., n, 1, 1]: a multiple of I), N [..., n, d, dv], initial [..., d, dv]
-    -> [..., n + 1, d, dv]. Blocked in groups of G ≈ √n: prefix maps inside every group in parallel (G steps),
-    then the groups in sequence (n / G steps): ~2√n small batched ops instead of n, which matters on a busy CPU."""
+def _blocked_scan(M: torch.Tensor, N: torch.Tensor, initial: torch.Tensor) -> torch.Tensor:
+    """All prefix states of S_{j+1} = M_j S_j + N_j: M [..., n, d, d] (or [..., n, 1, 1], a multiple of I),
+    N [..., n, d, dv], initial [..., d, dv] -> [..., n + 1, d, dv]. In groups of G ≈ √n: prefix maps inside
+    every group in parallel (G steps), then the groups in sequence (n / G steps)."""
     n = M.shape[-3]
     G = math.isqrt(n - 1) + 1 if n > 1 else 1
     pad = -n % G
     if pad:  # identity maps at the end
         eye = torch.eye(M.shape[-1], dtype=M.dtype, device=M.device).expand(*M.shape[:-3], pad, -1, -1)
         M, N = torch.cat([M, eye], -3), torch.cat([N, N.new_zeros(*N.shape[:-3], pad, *N.shape[-2:])], -3)
-    # Unbind once: indexing inside the loops would cost a full-size zero tensor per step backwards.
     steps = zip(M.unflatten(-3, (-1, G)).unbind(-3), N.unflatten(-3, (-1, G)).unbind(-3))  # G x [..., n/G, ...]
     prefix_M, prefix_N = [], []  # composition of the group's first i+1 maps, for every group at once
     for M_i, N_i in steps:
