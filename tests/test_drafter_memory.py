@@ -47,7 +47,8 @@ def test_folding_in_pieces_equals_one_scan(rule):
     once = memory.chunk_scan(k, v, gates, rule, 4)[..., -1, :, :]
     state = None
     for lo, hi in [(0, 4), (4, 16), (16, 20), (20, 32)]:
-        state = memory.chunk_scan(k[..., lo:hi, :], v[..., lo:hi, :], gates[..., lo:hi, :], rule, 4, state)[..., -1, :, :]
+        piece = [x[..., lo:hi, :] for x in (k, v, gates)]
+        state = memory.chunk_scan(*piece, rule, 4, state)[..., -1, :, :]
     torch.testing.assert_close(state, once, atol=1e-12, rtol=1e-12)
 
 

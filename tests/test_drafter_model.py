@@ -71,8 +71,8 @@ def _ingest_in_pieces(state, features, tokens, n, g):
     """Feed positions [0, n) like the decoding loop: a prompt, then 1..block_size tokens at a time."""
     i = 0
     while i < n:
-        step = int(torch.randint(1, state.block_size + 1, (), generator=g)) if i else int(torch.randint(1, 10, (), generator=g))
-        step = min(step, n - i)
+        most = state.block_size if i else 9  # a prompt of 1..9 tokens, then 1..block_size per verification
+        step = min(int(torch.randint(1, most + 1, (), generator=g)), n - i)
         state.ingest(tokens[i : i + step], features[i : i + step])
         i += step
 

@@ -54,7 +54,7 @@ class DrafterConfig:
                 raise HyflashError(f"bad drafter config: {message}")
 
         need(self.kind in KINDS, f"kind {self.kind!r} is not one of {', '.join(KINDS)}")
-        need(self.memory_rule in MEMORY_RULES, f"memory rule {self.memory_rule!r} is not one of {', '.join(MEMORY_RULES)}")
+        need(self.memory_rule in MEMORY_RULES, f"memory rule {self.memory_rule!r} is not one of {MEMORY_RULES}")
         need(self.memory_combine in MEMORY_COMBINES, f"memory_combine must be one of {', '.join(MEMORY_COMBINES)}")
         need(self.num_layers >= 1, f"num_layers must be >= 1, got {self.num_layers}")
         need(self.block_size >= 2, f"block_size must be >= 2, got {self.block_size}")

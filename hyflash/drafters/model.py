@@ -86,7 +86,8 @@ class DrafterModel(nn.Module):
         ids = torch.as_tensor(ids, dtype=torch.long).view(-1)
         if self.draft_vocab_ids is None or ids.numel() != self.draft_vocab_ids.numel():
             raise ValueError(f"need exactly draft_vocab_size={self.config.draft_vocab_size} ids")
-        if ids.unique().numel() != ids.numel() or not (0 <= int(ids.min()) and int(ids.max()) < self.config.target_vocab_size):
+        in_range = 0 <= int(ids.min()) and int(ids.max()) < self.config.target_vocab_size
+        if ids.unique().numel() != ids.numel() or not in_range:
             raise ValueError("draft vocabulary ids must be distinct target token ids")
         self.draft_vocab_ids.copy_(ids)
 

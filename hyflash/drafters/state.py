@@ -1,11 +1,11 @@
 """Inference-time drafter: a DrafterModel plus the context it has seen, behind the decoding loop's interface.
 
 Per layer it holds the context keys/values of the attention window and, for memory kinds, one recurrent
-state per head. Window keys are kept before RoPE (the memory folds un-rotated keys) and rotated at draft time,
-at most window + chunk_size - 1 of them; `full` rotates each key once at ingest instead. After n verified tokens the window holds positions [m, n) with
-m = config.memory_start(n), at most window + chunk_size - 1 tokens in a fixed-size buffer; whole chunks of
-chunk_size tokens are folded into the state as they leave it (`memory.chunk_scan`, the same code training
-uses). `full` keeps every token instead. Only verified tokens are ingested, so nothing is ever rolled back.
+state per head. After n verified tokens the window holds positions [m, n) with m = config.memory_start(n),
+at most window + chunk_size - 1 tokens in a fixed-size buffer; whole chunks of chunk_size tokens are folded
+into the state as they leave it (`memory.chunk_scan`, the same code training uses). Window keys are kept
+before RoPE (the memory folds un-rotated keys) and rotated at draft time. `full` keeps every token instead,
+rotating each key once at ingest. Only verified tokens are ingested, so nothing is ever rolled back.
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ class DrafterState(Drafter):
             if folded and cfg.has_memory:
                 per_head = [x[:folded].transpose(0, 1) for x in (k, v)]
                 gf = None if g is None else g[:folded].transpose(0, 1)
-                self.states[i] = memory.chunk_scan(*per_head, gf, cfg.memory_rule, cfg.chunk_size, self.states[i])[:, -1]
+                states = memory.chunk_scan(*per_head, gf, cfg.memory_rule, cfg.chunk_size, self.states[i])
+                self.states[i] = states[:, -1]
             kept = length - start
             self.keys[i][:kept] = k[folded:]
             self.values[i][:kept] = v[folded:]
