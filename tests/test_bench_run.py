@@ -104,3 +104,12 @@ def test_quick_mode_is_small_and_valid():
     config = quick(BenchConfig(n=20, max_new_tokens=512))
     assert config.n <= 2 and config.max_new_tokens <= 48 and 0.0 in config.temperatures
     assert set(config.sets) <= set(SETS) and "long-8k" not in config.sets
+
+
+def test_default_drafter_never_silently_becomes_ngram():
+    from hyflash.bench.methods import build_methods
+    from hyflash.errors import HyflashError
+
+    (method,) = build_methods([], {"default": "default"}, word_target())
+    with pytest.raises(HyflashError, match="no default drafter"):
+        method.drafter()

@@ -204,5 +204,15 @@ def build_methods(names, drafters: dict[str, str], target, pld_tokens: int = 10,
     for name, spec in drafters.items():
         if name in factories:
             raise HyflashError(f"drafter name {name!r} clashes with a built-in method: pick another name")
-        methods.append(LoopMethod(name, lambda spec=spec: build_drafter(spec, target)))
+        methods.append(LoopMethod(name, lambda spec=spec: build_drafter(_drafter_folder(spec, target), target)))
     return methods
+
+
+def _drafter_folder(spec: str, target) -> str:
+    """'default' must mean the shipped drafter: build_drafter's quiet fall-back to the n-gram drafter would
+    benchmark n-gram under the name of the trained drafter."""
+    if spec != "default":
+        return spec
+    from hyflash.training.defaults import default_drafter_path
+
+    return str(default_drafter_path(target.name))

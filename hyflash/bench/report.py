@@ -56,7 +56,11 @@ def markdown_table(results: dict) -> str:
                 cells.append(f"{r['identical_to_plain']}/{r['prompts']}")
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
-    return "\n".join(lines)
+    peak = max((r["peak_rss_bytes"] for r in rows), default=None)
+    lines.append(f"Peak process RSS over the run: {human_bytes(peak)} (the whole process -- target, every drafter, "
+                 "transformers' buffers; getrusage cannot attribute it to one method). Draft memory: bytes the "
+                 "drafter holds at the end of a prompt (n-gram: its token history; HF prompt lookup keeps none).")
+    return "\n".join(lines) + "\n"
 
 
 def _figure(panels: int = 1, width: float = 5.0):
