@@ -25,9 +25,11 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
 
 
-def plot_runs(groups: dict[str, list[str]], path: str, teacher_accuracy: float | None = None) -> None:
+def plot_runs(
+    groups: dict[str, list[str]], path: str, teacher_accuracy: float | None = None, switch_at: int | None = None
+) -> None:
     """Held-out accuracy (left) and student sample entropy (right) against samples seen; thin lines are
-    seeds, thick lines the mean over seeds."""
+    seeds, thick lines the mean over seeds; `switch_at` marks REOPOLD's phase switch (in samples)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -55,6 +57,9 @@ def plot_runs(groups: dict[str, list[str]], path: str, teacher_accuracy: float |
             ax_acc.plot(xs, mean, color=color, lw=2.5, label=f"{method} ({len(curves)} seeds)")
     if teacher_accuracy is not None:
         ax_acc.axhline(teacher_accuracy, color="black", ls="--", lw=1, label="teacher")
+    if switch_at:
+        for ax in (ax_acc, ax_ent):
+            ax.axvline(switch_at, color=COLORS["reopold"], ls=":", lw=1, label="REOPOLD switch" if ax is ax_ent else None)
     ax_acc.set(xlabel="samples seen", ylabel="held-out accuracy (greedy)", title="Arithmetic, held-out split")
     ax_ent.set(xlabel="samples seen", ylabel="mean entropy of sampled tokens (nats)", title="Student entropy")
     ax_acc.legend(fontsize=8)
@@ -129,7 +134,9 @@ def report(out: Path, methods: list[str], seeds: list[int], steps: int, extra: d
     """Plot and summarise the finished runs (unfinished ones are left out of both)."""
     groups = {m: [str(out / f"{m}-seed{s}") for s in seeds if _finished(out / f"{m}-seed{s}", steps)]
               for m in methods}
-    plot_runs(groups, str(out / "accuracy_entropy.png"), extra.get("teacher_accuracy"))
+    args = extra.get("args", {})
+    switch_at = args.get("switch_step", 0) * args.get("batch_size", 0) if "reopold" in methods else None
+    plot_runs(groups, str(out / "accuracy_entropy.png"), extra.get("teacher_accuracy"), switch_at)
     summary = summarise(out, methods, seeds, steps, extra)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     final = json.loads((out / "final_eval.json").read_text()) if (out / "final_eval.json").exists() else None
