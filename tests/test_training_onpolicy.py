@@ -57,5 +57,5 @@ def test_loss_raises_exact_acceptance(llama_target):
         opt.zero_grad()
         loss.backward()
         opt.step()
-    assert slot1_acceptance() > 3 * before, (before, slot1_acceptance())
+    assert slot1_acceptance() > before + 0.2, (before, slot1_acceptance())
     assert 0 < stats["kept_fraction"] <= 1 and len(stats["sampled_accept_by_slot"]) == 4
