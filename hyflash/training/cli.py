@@ -66,7 +66,7 @@ def add_cli(sub) -> None:
     )
     p.add_argument("--drafter", default="default", help="default | PATH to a drafter folder")
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--n", type=int, default=20, help="how many HumanEval problems (from the first)")
+    p.add_argument("--n", type=int, default=20, help="how many HumanEval problems (evenly spaced over the 164)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--exact-n", type=int, default=10, help="problems to compare against plain decoding in fp32")
     p.add_argument("--out", default="docs/results/training", help="folder for humaneval.json / humaneval.md")

@@ -298,6 +298,7 @@ class TokenDataset:
         self.gen_start: list[int] = []
         self.sampled: list[int] = []
         self.keys: list[str] = []  # "<shard sha256 prefix>-<index in shard>": names the feature-cache file
+        self.shard_digests: list[str] = []
         self.target: dict | None = None
         for folder in map(Path, folders):
             manifest = read_manifest(folder)
@@ -309,6 +310,7 @@ class TokenDataset:
                 if verify and hashlib.sha256(data).hexdigest() != shard["sha256"]:
                     raise HyflashError(f"{folder / shard['file']} does not match its checksum: rebuild the shard")
                 arrays = load(data)
+                self.shard_digests.append(shard["sha256"][:20])
                 offsets = arrays["offsets"]
                 tokens = arrays["tokens"].astype(np.int64)
                 for i in range(len(offsets) - 1):
@@ -325,11 +327,13 @@ class TokenDataset:
     def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
         return self.sequences[i], self.gen_start[i]
 
-    def generated_token_counts(self, vocab_size: int) -> np.ndarray:
-        """How often each token id occurs in the target-written parts (for a reduced draft vocabulary)."""
-        counts = np.zeros(vocab_size, dtype=np.int64)
+    def token_counts(self, vocab_size: int, prompt_weight: float = 0.25) -> np.ndarray:
+        """Token frequencies for choosing a reduced draft vocabulary: target-written tokens count fully,
+        prompt tokens with `prompt_weight` (they rank the long tail a small data set never generated)."""
+        counts = np.zeros(vocab_size, dtype=np.float64)
         for seq, g in zip(self.sequences, self.gen_start):
             counts += np.bincount(seq[g:], minlength=vocab_size)[:vocab_size]
+            counts += prompt_weight * np.bincount(seq[:g], minlength=vocab_size)[:vocab_size]
         return counts
 
     def stats(self) -> dict:

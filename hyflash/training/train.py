@@ -70,7 +70,7 @@ def build_drafter(config: TrainConfig, target, dataset: TokenDataset):
     torch.manual_seed(config.seed)  # identical initial weights in every process
     model = DrafterModel(DrafterConfig.for_target(target, **config.drafter_overrides()), target)
     if config.draft_vocab_size:
-        counts = dataset.generated_token_counts(target.vocab_size)
+        counts = dataset.token_counts(target.vocab_size)
         ids = draft_vocab_from_counts(counts, config.draft_vocab_size, sorted(target.eos_token_ids))
         model.set_draft_vocab(torch.from_numpy(ids))
     return model.float().train()
@@ -99,6 +99,47 @@ class JsonlLog:
     def write(self, record: dict) -> None:
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
+
+
+def make_optimizer(params: list[torch.Tensor], config: TrainConfig):
+    """AdamW (weight decay on matrices only) and the warm-up + cosine schedule."""
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=config.lr, betas=(0.9, 0.95),
+    )
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, config))
+
+
+def _restore(checkpoints: Path, resume: bool, model, optimizer, scheduler, fingerprint: dict, verbose: bool) -> int:
+    """The step to start from: the newest checkpoint's with --resume; refuse to overwrite a run without it."""
+    found = ckpt.list_checkpoints(checkpoints)
+    if not resume:
+        if found:
+            raise HyflashError(f"{checkpoints.parent} already holds checkpoints: pass --resume to continue, "
+                               "or use another --out")
+        return 0
+    if not found:
+        if verbose:
+            print(f"no checkpoint in {checkpoints}: starting from scratch", flush=True)
+        return 0
+    step = ckpt.load_checkpoint(found[-1], model, optimizer, scheduler, fingerprint).step
+    if verbose:
+        print(f"resumed from {found[-1]} (step {step})", flush=True)
+    return step
+
+
+def block_loss(config: TrainConfig, model, logits, labels, weights, batch, target_logits):
+    """(weighted loss sum, weight sum) of one batch of blocks: CE on the labels, or KL to the target."""
+    if config.loss == "ce":
+        return weighted_ce(logits, labels, weights)
+    slot_pos = batch.anchors[..., None] + torch.arange(config.block_size - 1)  # slot k: target at a+k-1
+    rows = torch.arange(len(batch.indices))[:, None, None]
+    tl = target_logits[rows, slot_pos.clamp(max=target_logits.shape[1] - 1)]
+    if model.draft_vocab_ids is not None:
+        tl = tl[..., model.draft_vocab_ids.to(tl.device)]
+    return weighted_kl(logits, tl.to(logits.device), labels, weights)
 
 
 def train(config: TrainConfig, resume: bool = False, progress: bool = True, target=None) -> Path:
@@ -130,28 +171,12 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True, targ
 
         step_module = DistributedDataParallel(step_module, find_unused_parameters=True)
     params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=config.lr, betas=(0.9, 0.95),
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, config))
-    fingerprint = config.fingerprint()
+    optimizer, scheduler = make_optimizer(params, config)
+    # The exact data too: a folder that grew since the checkpoint would change every later batch.
+    fingerprint = {**config.fingerprint(), "data_shards": dataset.shard_digests}
 
-    start_step = 0
     checkpoints = out / "checkpoints"
-    if resume:
-        found = ckpt.list_checkpoints(checkpoints)
-        if found:
-            restored = ckpt.load_checkpoint(found[-1], model, optimizer, scheduler, fingerprint)
-            start_step = restored.step
-            if rank == 0:
-                print(f"resumed from {found[-1]} (step {start_step})", flush=True)
-        elif rank == 0:
-            print(f"no checkpoint in {checkpoints}: starting from scratch", flush=True)
-    elif ckpt.list_checkpoints(checkpoints):
-        raise HyflashError(f"{out} already holds checkpoints: pass --resume to continue, or use another --out")
+    start_step = _restore(checkpoints, resume, model, optimizer, scheduler, fingerprint, verbose=rank == 0)
 
     log = JsonlLog(out / "log.jsonl", start_step if resume else None) if rank == 0 else None
     if rank == 0:
@@ -184,15 +209,9 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True, targ
         labels = to_draft_ids(batch.labels, model.draft_vocab_ids, target.vocab_size).to(target.device)
 
         with torch.autocast(target.device.type, dtype=torch.bfloat16, enabled=config.autocast):
-            logits = step_module(features, batch.tokens.to(target.device), batch.anchors.to(target.device))
-        if config.loss == "ce":
-            loss_sum, weight_sum = weighted_ce(logits, labels, weights)
-        else:
-            slot_pos = batch.anchors[..., None] + torch.arange(config.block_size - 1)  # slot k reads position a+k-1
-            tl = target_logits[torch.arange(len(indices))[:, None, None], slot_pos.clamp(max=target_logits.shape[1] - 1)]
-            if model.draft_vocab_ids is not None:
-                tl = tl[..., model.draft_vocab_ids.to(tl.device)]
-            loss_sum, weight_sum = weighted_kl(logits, tl, labels, weights)
+            device = target.device
+            logits = step_module(features.to(device), batch.tokens.to(device), batch.anchors.to(device))
+        loss_sum, weight_sum = block_loss(config, model, logits, labels, weights, batch, target_logits)
         # Normalise by the weight of the whole global batch; DDP then averages gradients over processes,
         # so multiply by the world size to get exactly the one-process gradient.
         totals = torch.stack([weight_sum.detach().float(), loss_sum.detach().float()])
