@@ -59,3 +59,28 @@ def test_loss_raises_exact_acceptance(llama_target):
         opt.step()
     assert slot1_acceptance() > before + 0.2, (before, slot1_acceptance())
     assert 0 < stats["kept_fraction"] <= 1 and len(stats["sampled_accept_by_slot"]) == 4
+
+
+def test_training_run_with_onpolicy_term(tmp_path):
+    """`hyflash train` with --onpolicy-weight logs per-slot sampled acceptance and kept/clipped fractions."""
+    import dataclasses
+    import json
+
+    from test_training_runs import _config, _tiny_target, _write_data
+
+    from hyflash.training.train import train
+
+    _write_data(tmp_path / "data")
+    config = dataclasses.replace(
+        _config(tmp_path / "data", tmp_path / "run"), steps=4, onpolicy_weight=0.5, reward_floor=-2.0,
+        entropy_top_fraction=0.5, switch_step=2,
+    )
+    train(config, progress=False, target=_tiny_target())
+    records = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    stats = [r["onpolicy"] for r in records if "onpolicy" in r]
+    assert len(stats) == 4
+    assert [s["phase"] for s in stats] == [1.0, 1.0, 2.0, 2.0]
+    assert len(stats[0]["sampled_accept_by_slot"]) == config.block_size - 1
+    assert all(0 <= a <= 1 for s in stats for a in s["sampled_accept_by_slot"])
+    assert stats[-1]["kept_fraction"] == pytest.approx(0.5, abs=0.05)
+    assert (tmp_path / "run" / "drafter" / "model.safetensors").exists()

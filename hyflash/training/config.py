@@ -40,6 +40,12 @@ class TrainConfig:
     gamma: float = 4.0  # slot weights exp(-(k-1)/gamma); DFlash uses 7 for B=16
     autocast: bool = True  # bf16 autocast for the drafter's forward/backward (fp32 master weights)
     seed: int = 0
+    # ----- acceptance-aware on-policy term (hyflash/training/onpolicy.py); weight 0 = off -----
+    onpolicy_weight: float = 0.0  # loss = CE (or KL) + weight * REOPOLD policy-gradient on sampled drafts
+    onpolicy_temperature: float = 1.0  # decoding temperature whose acceptance is optimised
+    reward_floor: float = -2.0  # REOPOLD reward clipping floor (None-like values: use a very negative one)
+    entropy_top_fraction: float = 1.0  # keep this fraction of draft tokens by drafter entropy (phase II)
+    switch_step: int = 0  # steps of REOPOLD phase I (only tokens with reward >= floor count)
     # ----- bookkeeping -----
     feature_cache: str = ""  # folder to cache target features in; "" = compute them every step
     save_every: int = 50
@@ -62,6 +68,8 @@ class TrainConfig:
         need(self.block_size >= 2, f"block_size must be >= 2, got {self.block_size}")
         need(self.max_length > self.block_size, "max_length must exceed block_size")
         need(0 <= self.warmup_steps, "warmup_steps must be >= 0")
+        need(self.onpolicy_weight >= 0, "onpolicy_weight must be >= 0")
+        need(self.onpolicy_temperature > 0, "onpolicy_temperature must be > 0")
         need(self.save_dtype in ("bfloat16", "float32", "float16"), f"unknown save_dtype {self.save_dtype!r}")
 
     def fingerprint(self) -> dict:
@@ -70,6 +78,16 @@ class TrainConfig:
         for name in BOOKKEEPING:
             out.pop(name)
         return out
+
+    def onpolicy(self):
+        """The on-policy settings as the objective's own config (None when the mode is off)."""
+        if self.onpolicy_weight <= 0:
+            return None
+        from hyflash.distill.credit import CreditConfig
+        from hyflash.training.onpolicy import OnPolicyConfig
+
+        credit = CreditConfig(self.reward_floor, self.entropy_top_fraction, self.switch_step)
+        return OnPolicyConfig(self.onpolicy_weight, self.onpolicy_temperature, credit)
 
     def drafter_overrides(self) -> dict:
         return {

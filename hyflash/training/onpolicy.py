@@ -94,11 +94,11 @@ def target_draft_logprobs(target, tokens: torch.Tensor, anchors: torch.Tensor, d
     """log p_target(d_k | tokens[:a+1], d_<k) for drafts [b, A, S] (target ids), in one pass per sequence."""
     b, num_anchors, slots = drafts.shape
     m = slots - 1  # the last draft's own logits would score a token beyond the block
-    seq_len = tokens.shape[1]
     out = torch.empty(b, num_anchors, slots)
     for row in range(b):  # one row at a time keeps the [Q, V] logits small
         a = anchors[row : row + 1]
-        ids = torch.cat([tokens[row], drafts[row, :, :m].reshape(-1)])[None].to(target.device)
+        seq_len = int(a.max()) + 1  # nothing after the last anchor is ever visible to a block
+        ids = torch.cat([tokens[row, :seq_len], drafts[row, :, :m].reshape(-1)])[None].to(target.device)
         mask = scoring_mask(seq_len, a, m).to(target.device)
         logits = target.model(
             input_ids=ids,

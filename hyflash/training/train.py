@@ -32,6 +32,7 @@ from hyflash.training.config import TrainConfig
 from hyflash.training.data import TokenDataset, atomic_write_json
 from hyflash.training.features import FeatureCache, batch_features
 from hyflash.training.losses import expected_acceptance, position_weights, slot_accuracy, weighted_ce, weighted_kl
+from hyflash.training.onpolicy import onpolicy_loss
 
 
 class _StepModule(nn.Module):
@@ -199,6 +200,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True, targ
     bar = tqdm(total=config.steps, initial=start_step, disable=not progress or rank != 0, desc="train", unit="step")
     order, order_epoch = None, -1
     timer, tokens_seen = time.perf_counter(), 0
+    onpolicy = config.onpolicy()
     for step in range(start_step, config.steps):
         epoch, position = divmod(step, batches_per_epoch)
         if epoch != order_epoch:
@@ -218,6 +220,14 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True, targ
         if world > 1:
             dist.all_reduce(totals)
         loss = loss_sum * world / totals[0].clamp_min(1e-9)
+        onpolicy_stats = None
+        if onpolicy is not None:
+            # Per-process normalisation: with N processes the term is the mean over processes (DDP averages).
+            term, onpolicy_stats = onpolicy_loss(
+                logits, labels >= 0, batch.tokens, batch.anchors, model.to_target_ids, target, step, onpolicy,
+                torch.Generator().manual_seed(config.seed * 1_000_003 + step * 64 + rank),
+            )
+            loss = loss + onpolicy.weight * term
         optimizer.zero_grad(set_to_none=False)
         loss.backward()
         for p in params:  # parameters a step did not reach get a zero gradient in every mode (as DDP gives)
@@ -242,6 +252,8 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True, targ
                     "expected_tau": expected_acceptance(logits.detach(), labels),
                     "seconds_per_step": elapsed / max(1, config.log_every), "tokens_seen": tokens_seen,
                 }
+                if onpolicy_stats is not None:
+                    record["onpolicy"] = onpolicy_stats
                 timer = time.perf_counter()
                 log.write(record)
             bar.set_postfix(loss=f"{global_loss:.3f}", **({"acc1": f"{record['acc_by_slot'][0]:.2f}"} if record else {}))
