@@ -51,6 +51,8 @@ def test_a_drafter_that_does_not_load_is_reported_not_fatal(bench):
     results, _ = bench
     assert "broken" in results["errors"]
     assert not any(r["method"] == "broken" for r in results["runs"])
+    (identity,) = results["meta"]["drafters"].values()  # the drafter that ran, identified by its weights
+    assert identity["config"]["kind"] == "hyflash" and len(identity["sha256"]["model.safetensors"]) == 64
 
 
 def test_greedy_outputs_match_plain_in_fp32(bench):

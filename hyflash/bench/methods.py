@@ -208,6 +208,22 @@ def build_methods(names, drafters: dict[str, str], target, pld_tokens: int = 10,
     return methods
 
 
+def drafter_identity(spec: str, target) -> dict:
+    """Which drafter a result is about: its folder, configuration and a hash of its weights (a shipped
+    drafter is replaced when it is retrained, so the folder name alone does not say which one ran)."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    folder = Path(_drafter_folder(spec, target))
+    out: dict = {"spec": spec, "folder": str(folder)}
+    if (folder / "config.json").exists():
+        out["config"] = json.loads((folder / "config.json").read_text())
+    for weights in sorted(folder.glob("*.safetensors")):
+        out.setdefault("sha256", {})[weights.name] = hashlib.sha256(weights.read_bytes()).hexdigest()
+    return out
+
+
 def _drafter_folder(spec: str, target) -> str:
     """'default' must mean the shipped drafter: build_drafter's quiet fall-back to the n-gram drafter would
     benchmark n-gram under the name of the trained drafter."""

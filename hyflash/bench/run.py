@@ -24,7 +24,7 @@ import torch
 
 from hyflash.bench.datasets import SETS, load_set
 from hyflash.bench.memory import draft_memory_sweep, param_count, untrained_kinds
-from hyflash.bench.methods import BUILTIN_METHODS, LoopMethod, PromptRun, build_methods
+from hyflash.bench.methods import BUILTIN_METHODS, LoopMethod, PromptRun, build_methods, drafter_identity
 from hyflash.errors import HyflashError
 from hyflash.sampling import SamplingConfig
 
@@ -170,6 +170,8 @@ def run_bench(
 
     prompts = {name: load_set(name, target, config.n, config.max_new_tokens) for name in config.sets}
     methods = _warm_up(methods, target, next(iter(prompts.values()))[0].ids, results["errors"], log)
+    kept = {m.name for m in methods}
+    results["meta"]["drafters"] = {n: drafter_identity(s, target) for n, s in config.drafters.items() if n in kept}
 
     for temperature in config.temperatures:
         sampling = SamplingConfig(temperature=temperature)
