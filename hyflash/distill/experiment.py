@@ -96,6 +96,10 @@ def summarise(out: Path, methods: list[str], seeds: list[int], steps: int, extra
             "entropy_first10": [float(np.mean([r["entropy"] for r in tr[:10]])) for tr in trains],
             "entropy_last10": [float(np.mean([r["entropy"] for r in tr[-10:]])) for tr in trains],
             "seconds_per_step": float(np.mean([r["seconds"] for tr in trains for r in tr])) if trains else None,
+            # Mean over steps and seeds of the logged credit statistics (absent ones are skipped).
+            "step_means": {k: float(np.mean(v)) for k in ("reward_q05", "reward_q50", "reward_q95",
+                                                           "kept_fraction", "clipped_fraction", "ratio_mean")
+                           if (v := [r[k] for tr in trains for r in tr if k in r])},
             "final_samples": evals[0][-1]["samples"] if evals else None,
         }
     opd, reo = summary["methods"].get("opd"), summary["methods"].get("reopold")
