@@ -40,4 +40,6 @@ def test_write_report_writes_table_and_pngs(tmp_path):
         assert path.stat().st_size > 0
         if path.suffix == ".png":
             assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "Draft-side memory" in (tmp_path / "table.md").read_text()
+    text = (tmp_path / "table.md").read_text()
+    assert "Draft-side memory" in text and "## Summary" in text
+    assert "| 0 | long-2k | 2048 |" in text  # compact comparison: one row per temperature and set

@@ -1,6 +1,6 @@
 """Tables and plots from a results.json (see run.py). Everything shown is read from the results.
 
-  table.md                      one markdown table per temperature: tau, tok/s, speed-ups, draft share, memory
+  table.md                      a compact comparison, then one table per temperature with every metric
   tau_vs_context.png            tau against prompt length on the stdlib code sets (same kind of text, 1k-8k)
   speedup.png                   speed-up over plain decoding per set (greedy)
   draft_memory_vs_context.png   draft-side bytes from the memory sweep, target KV cache for scale
@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from hyflash.bench.run import HF_PLAIN, PLAIN, _sum_lists
+from hyflash.bench.run import HF_PLAIN, HF_PLD, PLAIN, _sum_lists
 
 CODE_SETS = ("code", "long-2k", "long-4k", "long-8k")  # one kind of text at growing context
 NON_DRAFTING = (PLAIN, HF_PLAIN)  # tau is 1 by construction
@@ -60,6 +60,29 @@ def markdown_table(results: dict) -> str:
     lines.append(f"Peak process RSS over the run: {human_bytes(peak)} (the whole process -- target, every drafter, "
                  "transformers' buffers; getrusage cannot attribute it to one method). Draft memory: bytes the "
                  "drafter holds at the end of a prompt (n-gram: its token history; HF prompt lookup keeps none).")
+    return "\n".join(lines) + "\n"
+
+
+def comparison_table(results: dict) -> str:
+    """Compact view: one row per (temperature, set); per drafting method its τ and speed-ups over plain
+    decoding and over HF prompt lookup (HF prompt lookup itself: over plain and over plain HF)."""
+    rows = results["summary"]
+    methods = [m for m in dict.fromkeys(r["method"] for r in rows) if m not in NON_DRAFTING]
+    by = {(r["temperature"], r["set"], r["method"]): r for r in rows}
+    head = ["T", "set", "prompt tok", "plain tok/s"]
+    for m in methods:
+        other = "× HF plain" if m == HF_PLD else "× HF PL"
+        head += [f"{m} τ", f"{m} × plain", f"{m} {other}"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    for temperature, set_name in dict.fromkeys((r["temperature"], r["set"]) for r in rows):
+        plain = by.get((temperature, set_name, PLAIN))
+        cells = [f"{temperature:g}", set_name, f"{(plain or rows[0])['prompt_tokens_mean']:.0f}",
+                 _num(plain["tokens_per_second"] if plain else None, ".1f")]
+        for m in methods:
+            r = by.get((temperature, set_name, m))
+            other = (r or {}).get("speedup_vs_hf_plain" if m == HF_PLD else "speedup_vs_hf_pld")
+            cells += [_num(r and r["tau"], ".2f"), _num(r and r["speedup"], ".2f"), _num(other, ".2f")]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -169,7 +192,8 @@ def write_report(results: dict, out_dir: str | Path) -> list[Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [out_dir / "table.md"]
-    written[0].write_text(markdown_table(results) + "\n" + memory_table(results))
+    sections = ["## Summary", "", comparison_table(results), "## All metrics", "", markdown_table(results)]
+    written[0].write_text("\n".join(sections) + "\n" + memory_table(results))
     for name, plot in PLOTS.items():
         plot(results, out_dir / name)
         written.append(out_dir / name)
