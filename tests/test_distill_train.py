@@ -36,15 +36,6 @@ def char_tokenizer(size: int = 97, width: int = 1):
     return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run ~7x faster on one thread on this shared 2-core machine (no spin-wait contention)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def models():
     teacher = tiny_llama(seed=0, vocab=97, layers=4)

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 from conftest import tiny_llama
-from test_drafter_model import _one_thread, make, sequence  # noqa: F401  (_one_thread is autouse)
+from test_drafter_model import make, sequence
 
 from hyflash.cli import main
 from hyflash.decoding import generate

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_drafter_model import _one_thread  # noqa: F401  (autouse: one thread for tiny tensors)
 
 from hyflash.drafters import memory, reference
 from hyflash.drafters.config import MEMORY_RULES

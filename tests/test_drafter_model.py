@@ -19,15 +19,6 @@ CASES = [("full", "gated_delta"), ("local", "gated_delta")] + [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: one thread avoids thread-pool stalls on a busy 2-core machine (20x faster here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def llama3_target(llama_target):
     """The tiny Llama read at three feature layers (the default for 4 layers is just one)."""
