@@ -42,10 +42,6 @@ def build_drafter(spec: str, target, block_size: int | None = None):
         return NgramDrafter(block_size=block_size or 8)
     from hyflash.drafters.loading import load_drafter_for_target
 
-    if spec == "default":
-        from hyflash.training.defaults import default_drafter_path
-
-        spec = str(default_drafter_path(target.name))
     return load_drafter_for_target(spec, target)
 
 

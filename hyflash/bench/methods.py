@@ -227,8 +227,6 @@ def drafter_identity(spec: str, target) -> dict:
 def _drafter_folder(spec: str, target) -> str:
     """'default' must mean the shipped drafter: build_drafter's quiet fall-back to the n-gram drafter would
     benchmark n-gram under the name of the trained drafter."""
-    if spec != "default":
-        return spec
-    from hyflash.training.defaults import default_drafter_path
+    from hyflash.training.defaults import resolve_drafter_spec
 
-    return str(default_drafter_path(target.name))
+    return resolve_drafter_spec(spec, target.name)

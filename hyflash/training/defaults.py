@@ -22,3 +22,8 @@ def default_drafter_path(model: str) -> Path:
     if not (path / "config.json").exists():
         raise HyflashError(f"the default drafter for {model!r} is missing from {path}: reinstall hyflash")
     return path
+
+
+def resolve_drafter_spec(spec: str, model: str) -> str:
+    """'default' -> the shipped drafter's folder for `model` (or a HyflashError); any other spec unchanged."""
+    return str(default_drafter_path(model)) if spec == "default" else spec

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from hyflash.decoding import GenerationResult, generate
+from hyflash.training.defaults import resolve_drafter_spec
 
 
 
@@ -58,14 +59,6 @@ def humaneval_prompts(target, n: int) -> list[tuple[str, list[int]]]:
     return [(item.item_id, list(item.ids)) for item in build_humaneval(target, n, 0)]
 
 
-def _resolve(spec: str, model: str) -> Path:
-    if spec == "default":
-        from hyflash.training.defaults import default_drafter_path
-
-        return default_drafter_path(model)
-    return Path(spec)
-
-
 def compare(target, drafter, prompts, max_new_tokens: int) -> dict:
     """Plain and speculative decoding of the same prompts, interleaved per prompt so that load changes on a
     shared machine hit both alike. Greedy."""
@@ -92,7 +85,7 @@ def run_humaneval_benchmark(args) -> dict:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    path = _resolve(args.drafter, args.model)
+    path = Path(resolve_drafter_spec(args.drafter, args.model))
     report = {"drafter": str(args.drafter), "drafter_path": str(path), "model": args.model,
               "max_new_tokens": args.max_new_tokens, "greedy": True, "threads": torch.get_num_threads(),
               "machine": platform.processor() or platform.machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}

@@ -128,9 +128,14 @@ def reference_draft_logprobs(target, tokens, anchors, drafts, temperature: float
     return out
 
 
+def acceptance(reward: torch.Tensor) -> torch.Tensor:
+    """min(1, exp(R)): the probability that speculative sampling accepts a draft token with reward R."""
+    return reward.clamp(max=0).exp()
+
+
 def survival_weights(reward: torch.Tensor) -> torch.Tensor:
     """prod_{j<k} min(1, exp(R_j)) along the last dim: the chance a block reaches slot k (slot 1: 1)."""
-    accept = reward.clamp(max=0).exp()
+    accept = acceptance(reward)
     return torch.cumprod(torch.cat([torch.ones_like(accept[..., :1]), accept[..., :-1]], dim=-1), dim=-1)
 
 
@@ -156,9 +161,10 @@ def onpolicy_loss(
     if config.survival:
         weight = weight * survival_weights(reward)
     loss = -(weight * credit.advantage * log_q).sum() / credit.mask.sum().clamp_min(1)
-    accept = (reward.clamp(max=0).exp() * valid).sum((0, 1)) / valid.sum((0, 1)).clamp_min(1)
+    accept_prob = acceptance(reward)
+    accept = (accept_prob * valid).sum((0, 1)) / valid.sum((0, 1)).clamp_min(1)
     # Expected tokens per pass under sampling: 1 + sum_k P(slots 1..k all accepted)
-    reach = torch.cumprod(reward.clamp(max=0).exp(), dim=-1)
+    reach = torch.cumprod(accept_prob, dim=-1)
     full_blocks = valid.all(-1)
     expected_tau = 1 + float(reach.sum(-1)[full_blocks].mean()) if full_blocks.any() else float("nan")
     stats = {
