@@ -8,6 +8,7 @@ import torch
 from hyflash.distill.credit import CreditConfig
 from hyflash.training.onpolicy import (
     OnPolicyConfig,
+    exact_acceptance,
     onpolicy_loss,
     reference_draft_logprobs,
     survival_weights,
@@ -35,7 +36,8 @@ def test_survival_weights():
     assert w[0, 2] == 0 and w[0, 3] == 0  # slot 2 is never accepted, so nothing after it counts
 
 
-def test_loss_raises_exact_acceptance(llama_target):
+@pytest.mark.parametrize("objective", ["reopold", "acceptance"])
+def test_loss_raises_exact_acceptance(llama_target, objective):
     """On-policy steps on a free logit table raise the exact slot-1 acceptance sum_v min(p(v), q(v))."""
     torch.manual_seed(0)
     tokens = torch.randint(0, 90, (1, 24))
@@ -45,7 +47,7 @@ def test_loss_raises_exact_acceptance(llama_target):
     table = (torch.randn(1, 3, 4, llama_target.vocab_size) * 3).requires_grad_()
     valid = torch.ones(8, 3, 4, dtype=torch.bool)
     opt = torch.optim.Adam([table], lr=0.2)
-    config = OnPolicyConfig(weight=1.0, credit=CreditConfig(floor=-2.0))
+    config = OnPolicyConfig(weight=1.0, credit=CreditConfig(floor=-2.0), objective=objective)
 
     def slot1_acceptance() -> float:
         return float(torch.minimum(table[0, :, 0].detach().softmax(-1), p1).sum(-1).mean())
@@ -58,7 +60,26 @@ def test_loss_raises_exact_acceptance(llama_target):
         loss.backward()
         opt.step()
     assert slot1_acceptance() > before + 0.2, (before, slot1_acceptance())
-    assert 0 < stats["kept_fraction"] <= 1 and len(stats["sampled_accept_by_slot"]) == 4
+    if objective == "reopold":
+        assert 0 < stats["kept_fraction"] <= 1 and len(stats["sampled_accept_by_slot"]) == 4
+    else:
+        assert len(stats["exact_accept_by_slot"]) == 4 and 1 <= stats["exact_expected_tau"] <= 5
+
+
+def test_exact_acceptance_is_total_variation_and_its_gradient_is_the_indicator_policy_gradient():
+    """alpha = sum min(p, q) = 1 - TV(p, q), and d alpha = E_q[1(q < p) d log q] (the sampled reward 1[R > 0])."""
+    g = torch.Generator().manual_seed(3)
+    p = torch.randn(7, generator=g, dtype=torch.float64).softmax(-1)
+    logits = torch.randn(7, generator=g, dtype=torch.float64).requires_grad_()
+    q = logits.softmax(-1)
+    alpha = exact_acceptance(q, p)
+    assert float(alpha.detach()) == pytest.approx(1 - 0.5 * float((p - q).abs().sum()), abs=1e-12)
+    (grad,) = torch.autograd.grad(alpha, logits)
+    # E_q[1(q<p) d log q(v)] with d log q(v)/d logits = onehot(v) - q
+    indicator = (q < p).double().detach()
+    qd = q.detach()
+    expected = sum(qd[v] * indicator[v] * (torch.eye(7, dtype=torch.float64)[v] - qd) for v in range(7))
+    torch.testing.assert_close(grad, expected)
 
 
 def test_training_run_with_onpolicy_term(tmp_path):
@@ -84,3 +105,24 @@ def test_training_run_with_onpolicy_term(tmp_path):
     assert all(0 <= a <= 1 for s in stats for a in s["sampled_accept_by_slot"])
     assert stats[-1]["kept_fraction"] == pytest.approx(0.5, abs=0.05)
     assert (tmp_path / "run" / "drafter" / "model.safetensors").exists()
+
+
+def test_training_run_with_exact_acceptance_objective(tmp_path):
+    import dataclasses
+    import json
+
+    from test_training_runs import _config, _tiny_target, _write_data
+
+    from hyflash.errors import HyflashError
+    from hyflash.training.train import train
+
+    with pytest.raises(HyflashError, match="onpolicy_objective"):
+        dataclasses.replace(_config(tmp_path / "data", tmp_path / "run"), onpolicy_objective="tv")
+    _write_data(tmp_path / "data")
+    config = dataclasses.replace(_config(tmp_path / "data", tmp_path / "run"), steps=3, onpolicy_weight=1.0,
+                                 onpolicy_objective="acceptance")
+    train(config, progress=False, target=_tiny_target())
+    records = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    stats = [r["onpolicy"] for r in records if "onpolicy" in r]
+    assert len(stats) == 3
+    assert all(0 <= a <= 1 for s in stats for a in s["exact_accept_by_slot"])

@@ -46,6 +46,7 @@ class TrainConfig:
     reward_floor: float = -2.0  # REOPOLD reward clipping floor (None-like values: use a very negative one)
     entropy_top_fraction: float = 1.0  # keep this fraction of draft tokens by drafter entropy (phase II)
     switch_step: int = 0  # steps of REOPOLD phase I (only tokens with reward >= floor count)
+    onpolicy_objective: str = "reopold"  # reopold: sampled credit | acceptance: exact sum_v min(p, q) per slot
     # ----- bookkeeping -----
     feature_cache: str = ""  # folder to cache target features in; "" = compute them every step
     save_every: int = 50
@@ -70,6 +71,8 @@ class TrainConfig:
         need(0 <= self.warmup_steps, "warmup_steps must be >= 0")
         need(self.onpolicy_weight >= 0, "onpolicy_weight must be >= 0")
         need(self.onpolicy_temperature > 0, "onpolicy_temperature must be > 0")
+        need(self.onpolicy_objective in ("reopold", "acceptance"),
+             f"onpolicy_objective must be reopold or acceptance, got {self.onpolicy_objective!r}")
         need(self.save_dtype in ("bfloat16", "float32", "float16"), f"unknown save_dtype {self.save_dtype!r}")
 
     def fingerprint(self) -> dict:
@@ -87,7 +90,8 @@ class TrainConfig:
         from hyflash.training.onpolicy import OnPolicyConfig
 
         credit = CreditConfig(self.reward_floor, self.entropy_top_fraction, self.switch_step)
-        return OnPolicyConfig(self.onpolicy_weight, self.onpolicy_temperature, credit)
+        return OnPolicyConfig(self.onpolicy_weight, self.onpolicy_temperature, credit,
+                              objective=self.onpolicy_objective)
 
     def drafter_overrides(self) -> dict:
         return {

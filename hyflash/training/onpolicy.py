@@ -9,6 +9,13 @@ gradient on the drafter's own samples:
 with Rhat = max(R, floor) and M the entropy / phase mask of `hyflash.distill.credit` (the same rules the
 distillation trainer uses). It is mixed with the cross-entropy objective by the trainer.
 
+`objective="acceptance"` is the exact, sample-free alternative: the scoring pass yields the target's whole
+distribution p_k at every slot (given the sampled drafts before it), so the acceptance probability of slot k,
+    alpha_k = sum_v min(p_k(v), q_k(v))                                (= 1 - total variation)
+is a differentiable function of the drafter's q_k; the term is -sum survival_k * alpha_k over slots. Its
+gradient, sum over v with q_k(v) < p_k(v) of grad q_k(v), is the expectation REOPOLD's estimator samples
+with reward 1[R > 0] — computed exactly instead of from one sample per slot.
+
 The target scores every sampled block of a sequence in ONE forward pass: the blocks' draft tokens are appended
 after the sequence, each at its own absolute positions, with a 4-D attention mask so that block i sees the
 sequence up to its anchor and its own earlier drafts only (`scoring_mask`). `reference_draft_logprobs` is the
@@ -31,6 +38,7 @@ class OnPolicyConfig:
     temperature: float = 1.0  # the decoding temperature whose acceptance is optimised
     credit: CreditConfig = field(default_factory=CreditConfig)
     survival: bool = True  # weight slot k by the chance that slots < k were accepted
+    objective: str = "reopold"  # reopold: sampled policy gradient with REOPOLD credit | acceptance: exact alpha_k
 
 
 def sample_drafts(logits: torch.Tensor, temperature: float, generator: torch.Generator | None):
@@ -92,9 +100,25 @@ def _layer_masks(model, mask: torch.Tensor, seq_len: int, anchors: torch.Tensor,
 @torch.no_grad()
 def target_draft_logprobs(target, tokens: torch.Tensor, anchors: torch.Tensor, drafts: torch.Tensor, temperature: float):
     """log p_target(d_k | tokens[:a+1], d_<k) for drafts [b, A, S] (target ids), in one pass per sequence."""
+    return torch.stack([
+        per_slot.gather(-1, drafts[row, :, :, None].to(per_slot.device)).squeeze(-1).cpu()
+        for row, per_slot in enumerate(_target_slot_logprobs(target, tokens, anchors, drafts, temperature))
+    ])
+
+
+@torch.no_grad()
+def target_slot_probs(target, tokens, anchors, drafts, temperature: float, vocab_ids: torch.Tensor) -> torch.Tensor:
+    """p_target(v | tokens[:a+1], d_<k) for v in vocab_ids (the draft vocabulary): [b, A, S, len(vocab_ids)]."""
+    return torch.stack([
+        per_slot[..., vocab_ids.to(per_slot.device)].exp().cpu()
+        for per_slot in _target_slot_logprobs(target, tokens, anchors, drafts, temperature)
+    ])
+
+
+def _target_slot_logprobs(target, tokens, anchors, drafts, temperature: float):
+    """Yields, per sequence, the target's log-probabilities [A, S, V] at every slot of every block."""
     b, num_anchors, slots = drafts.shape
     m = slots - 1  # the last draft's own logits would score a token beyond the block
-    out = torch.empty(b, num_anchors, slots)
     for row in range(b):  # one row at a time keeps the [Q, V] logits small
         a = anchors[row : row + 1]
         seq_len = int(a.max()) + 1  # nothing after the last anchor is ever visible to a block
@@ -109,9 +133,7 @@ def target_draft_logprobs(target, tokens: torch.Tensor, anchors: torch.Tensor, d
         # slot 1 is predicted at the anchor itself; slot k > 1 at draft k-1 of the same block
         first = logits[a[0]]  # [A, V]
         rest = logits[seq_len:].view(num_anchors, m, -1)  # [A, m, V]
-        per_slot = torch.cat([first[:, None], rest], dim=1) / temperature
-        out[row] = F.log_softmax(per_slot, dim=-1).gather(-1, drafts[row, :, :, None].to(per_slot.device)).squeeze(-1).cpu()
-    return out
+        yield F.log_softmax(torch.cat([first[:, None], rest], dim=1) / temperature, dim=-1)
 
 
 @torch.no_grad()
@@ -153,6 +175,8 @@ def onpolicy_loss(
     """The on-policy term for drafter logits [b, A, S, Vd] over slots whose labels exist (`valid` [b, A, S])."""
     picks, log_q, entropy = sample_drafts(logits, config.temperature, generator)
     drafts = to_target_ids(picks.cpu())
+    if config.objective == "acceptance":
+        return _acceptance_loss(logits, valid, batch_tokens, anchors, drafts, to_target_ids, target, config)
     log_p = target_draft_logprobs(target, batch_tokens, anchors.cpu(), drafts, config.temperature)
     reward = log_p.to(log_q.device) - log_q.detach()
     valid = valid.to(log_q.device)
@@ -163,15 +187,43 @@ def onpolicy_loss(
     loss = -(weight * credit.advantage * log_q).sum() / credit.mask.sum().clamp_min(1)
     accept_prob = acceptance(reward)
     accept = (accept_prob * valid).sum((0, 1)) / valid.sum((0, 1)).clamp_min(1)
-    # Expected tokens per pass under sampling: 1 + sum_k P(slots 1..k all accepted)
-    reach = torch.cumprod(accept_prob, dim=-1)
-    full_blocks = valid.all(-1)
-    expected_tau = 1 + float(reach.sum(-1)[full_blocks].mean()) if full_blocks.any() else float("nan")
     stats = {
         **credit.stats,
         **reward_quantiles(reward, valid),
         "sampled_accept_by_slot": [round(float(x), 4) for x in accept],
-        "sampled_expected_tau": expected_tau,
+        "sampled_expected_tau": _expected_tau(accept_prob, valid),
         "student_entropy": float(entropy[valid].mean()) if valid.any() else float("nan"),
+    }
+    return loss, stats
+
+
+def _expected_tau(accept_prob: torch.Tensor, valid: torch.Tensor) -> float:
+    """Expected tokens per pass, 1 + sum_k P(slots 1..k all accepted), over blocks whose slots all have labels."""
+    reach = torch.cumprod(accept_prob, dim=-1)
+    full_blocks = valid.all(-1)
+    return 1 + float(reach.sum(-1)[full_blocks].mean()) if full_blocks.any() else float("nan")
+
+
+def exact_acceptance(q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """sum_v min(p(v), q(v)) over the last dim: the chance that speculative sampling accepts a draft from q."""
+    return torch.minimum(p, q).sum(-1)
+
+
+def _acceptance_loss(logits, valid, batch_tokens, anchors, drafts, to_target_ids, target, config: OnPolicyConfig):
+    """-sum_k survival_k * alpha_k / #slots, alpha_k exact given the sampled drafts before slot k."""
+    vocab_ids = to_target_ids(torch.arange(logits.shape[-1]))
+    p = target_slot_probs(target, batch_tokens, anchors.cpu(), drafts, config.temperature, vocab_ids)
+    q = F.softmax(logits.float() / config.temperature, dim=-1)
+    alpha = exact_acceptance(q, p.to(q.device))  # [b, A, S]
+    valid = valid.to(alpha.device)
+    weight = valid.float()
+    if config.survival:  # the chance of reaching slot k, from the exact acceptances before it (detached)
+        before = alpha.detach()[..., :-1]
+        weight = weight * torch.cumprod(torch.cat([torch.ones_like(alpha[..., :1]), before], dim=-1), dim=-1)
+    loss = -(weight * alpha).sum() / valid.sum().clamp_min(1)
+    accept = (alpha.detach() * valid).sum((0, 1)) / valid.sum((0, 1)).clamp_min(1)
+    stats = {
+        "exact_accept_by_slot": [round(float(x), 4) for x in accept],
+        "exact_expected_tau": _expected_tau(alpha.detach(), valid),
     }
     return loss, stats
