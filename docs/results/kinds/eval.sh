@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Issue 5: the six equal-budget drafters (train_runs.sh) side by side, greedy, short to long context.
+# Issue 5: the equal-budget drafters of train_runs.sh side by side, greedy, short to long context.
+# SEED=1 evaluates the depth-1 repeats of runs/kinds-seed1/ into docs/results/kinds/seed1/.
 cd "$(dirname "$0")/../../.."
-while [ ! -f runs/kinds/DONE ]; do sleep 10; done
+seed=${SEED:-0}
+if [ "$seed" = 0 ]; then root=runs/kinds out=docs/results/kinds; else root=runs/kinds-seed$seed out=docs/results/kinds/seed$seed; fi
+while [ ! -f $root/DONE ]; do sleep 10; done
+drafters=""
+for d in hyflash-1 full-1 local-1 memory-1 hyflash-2 full-2; do
+  [ -d $root/$d/drafter ] && drafters="$drafters --drafter ${d%-*}-d${d##*-}=$root/$d/drafter"
+done
 .venv/bin/hyflash bench --sets code,long-2k,long-8k --n 3 --max-new-tokens 48 --temperatures 0 --methods plain \
-  --drafter hyflash-d1=runs/kinds/hyflash-1/drafter --drafter full-d1=runs/kinds/full-1/drafter \
-  --drafter local-d1=runs/kinds/local-1/drafter --drafter memory-d1=runs/kinds/memory-1/drafter \
-  --drafter hyflash-d2=runs/kinds/hyflash-2/drafter --drafter full-d2=runs/kinds/full-2/drafter \
-  --memory-contexts '' --threads 1 --out docs/results/kinds > runs/kinds/eval.log 2>&1
-echo done > runs/kinds/EVAL_DONE
+  $drafters --memory-contexts '' --threads 1 --out $out > $root/eval.log 2>&1
+echo done > $root/EVAL_DONE
