@@ -189,6 +189,19 @@ def test_checkpoint_round_trip_and_refusals(llama_target, tmp_path):
     other = _small_run(tmp_path / "d", tmp_path / "run", lr=5e-4)
     with pytest.raises(HyflashError, match="other settings.*lr"):
         ckpt.load_checkpoint(path, fresh, opt2, None, other.fingerprint())
+
+    # A checkpoint from an older hyflash lacks settings added since: they resume at their defaults only.
+    meta_file = path / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    del meta["fingerprint"]["onpolicy_objective"]
+    meta_file.write_text(json.dumps(meta))
+    with pytest.raises(HyflashError, match="other settings.*onpolicy_objective"):
+        ckpt.load_checkpoint(path, fresh, opt2, None, config.fingerprint())
+    defaults = TrainConfig().fingerprint()
+    assert ckpt.load_checkpoint(path, fresh, opt2, None, config.fingerprint(), defaults).step == 7
+    newer = _small_run(tmp_path / "d", tmp_path / "run", onpolicy_objective="acceptance")
+    with pytest.raises(HyflashError, match="other settings.*onpolicy_objective"):
+        ckpt.load_checkpoint(path, fresh, opt2, None, newer.fingerprint(), defaults)
     weights = path / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-10])
     with pytest.raises(HyflashError, match="corrupt"):

@@ -149,9 +149,13 @@ def _describe_mismatch(saved: dict, current: dict) -> str:
 
 
 def load_checkpoint(
-    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, fingerprint: dict
+    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, fingerprint: dict,
+    defaults: dict | None = None,
 ) -> Restored:
-    """Restore everything saved by save_checkpoint into the given objects (and the RNGs)."""
+    """Restore everything saved by save_checkpoint into the given objects (and the RNGs).
+
+    `defaults`: values for settings that a checkpoint written by an older hyflash does not record (settings
+    added since take their default, which reproduces the old behaviour), so upgrading does not strand runs."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -166,9 +170,10 @@ def load_checkpoint(
     for name, digest in files.items():
         if not (path / name).exists() or _sha256(path / name) != digest:
             raise HyflashError(f"checkpoint {path} is corrupt: {name} is missing or fails its checksum; delete it")
-    if meta["fingerprint"] != fingerprint:
+    saved = {**{k: v for k, v in (defaults or {}).items() if k in fingerprint}, **meta["fingerprint"]}
+    if saved != fingerprint:
         raise HyflashError(
-            f"checkpoint {path} belongs to a run with other settings ({_describe_mismatch(meta['fingerprint'], fingerprint)}); "
+            f"checkpoint {path} belongs to a run with other settings ({_describe_mismatch(saved, fingerprint)}); "
             "resume with the same settings or start a new --out folder"
         )
     try:

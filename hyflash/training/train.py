@@ -125,7 +125,7 @@ def _restore(checkpoints: Path, resume: bool, model, optimizer, scheduler, finge
         if verbose:
             print(f"no checkpoint in {checkpoints}: starting from scratch", flush=True)
         return 0
-    step = ckpt.load_checkpoint(found[-1], model, optimizer, scheduler, fingerprint).step
+    step = ckpt.load_checkpoint(found[-1], model, optimizer, scheduler, fingerprint, TrainConfig().fingerprint()).step
     if verbose:
         print(f"resumed from {found[-1]} (step {step})", flush=True)
     return step
