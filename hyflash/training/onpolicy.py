@@ -157,7 +157,11 @@ def acceptance(reward: torch.Tensor) -> torch.Tensor:
 
 def survival_weights(reward: torch.Tensor) -> torch.Tensor:
     """prod_{j<k} min(1, exp(R_j)) along the last dim: the chance a block reaches slot k (slot 1: 1)."""
-    accept = acceptance(reward)
+    return reach_probability(acceptance(reward))
+
+
+def reach_probability(accept: torch.Tensor) -> torch.Tensor:
+    """prod_{j<k} accept_j along the last dim, from per-slot acceptance probabilities (slot 1: 1)."""
     return torch.cumprod(torch.cat([torch.ones_like(accept[..., :1]), accept[..., :-1]], dim=-1), dim=-1)
 
 
@@ -218,8 +222,7 @@ def _acceptance_loss(logits, valid, batch_tokens, anchors, drafts, to_target_ids
     valid = valid.to(alpha.device)
     weight = valid.float()
     if config.survival:  # the chance of reaching slot k, from the exact acceptances before it (detached)
-        before = alpha.detach()[..., :-1]
-        weight = weight * torch.cumprod(torch.cat([torch.ones_like(alpha[..., :1]), before], dim=-1), dim=-1)
+        weight = weight * reach_probability(alpha.detach())
     loss = -(weight * alpha).sum() / valid.sum().clamp_min(1)
     accept = (alpha.detach() * valid).sum((0, 1)) / valid.sum((0, 1)).clamp_min(1)
     stats = {
