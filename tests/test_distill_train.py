@@ -78,6 +78,29 @@ def test_humaneval_pass_at_1_pipeline(models):
     assert evaluate_humaneval(student, tok, limit=2, max_new_tokens=4) == {"pass@1": 0.0, "problems": 2}
 
 
+def test_humaneval_pass_at_1_scores_canonical_solutions_1_and_wrong_ones_0(monkeypatch):
+    """The scorer itself: a "model" that writes each problem's canonical solution passes all of them, and one
+    that gets every other problem wrong scores 0.5 (the random-model test above would pass a scorer that
+    fails everything)."""
+    from types import SimpleNamespace
+
+    from hyflash.distill import trainer
+
+    problems = tasks.humaneval_problems()
+    by_prompt = {p["prompt"]: p["canonical_solution"] for p in problems.values()}
+    wrong = set()
+
+    def writes_solutions(model, tokenizer, prompts, *args, **kwargs):
+        return SimpleNamespace(texts=[("    return None\n" if p in wrong else by_prompt[p]) + "\ndef unrelated():\n"
+                                      for p in prompts])  # text past a stop sequence is cut off
+
+    monkeypatch.setattr(trainer.rollout, "sample", writes_solutions)
+    tok = SimpleNamespace(eos_token_id=None)
+    assert trainer.evaluate_humaneval(None, tok, limit=6) == {"pass@1": 1.0, "problems": 6}
+    wrong.update(p["prompt"] for p in list(problems.values())[1:4:2])
+    assert trainer.evaluate_humaneval(None, tok, limit=4) == {"pass@1": 0.5, "problems": 4}
+
+
 # ----- rollouts and teacher scoring ------------------------------------------------------------------------
 def test_rollout_log_probs_match_the_training_pass(models):
     """Sampling (cached, step by step, left-padded) and the training pass (one batched forward) must agree

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from hyflash.distill.credit import CreditConfig
+from hyflash.training import onpolicy
 from hyflash.training.onpolicy import (
     OnPolicyConfig,
     exact_acceptance,
     onpolicy_loss,
     reference_draft_logprobs,
+    sample_drafts,
     survival_weights,
     target_draft_logprobs,
+    target_slot_probs,
 )
 
 
@@ -27,6 +31,53 @@ def test_one_pass_scoring_equals_per_block_scoring(request, family):
         fast = target_draft_logprobs(target, tokens, anchors, drafts, temperature)
         slow = reference_draft_logprobs(target, tokens, anchors, drafts, temperature)
         torch.testing.assert_close(fast, slow, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["tiny_llama", "tiny_gemma3"])
+def test_onpolicy_tensors_stay_on_the_target_device(family):
+    """Batches are built on the CPU while the target, the drafter's logits and its samples live on the
+    accelerator. The meta device stands in for that accelerator: it refuses to be mixed with the CPU, so this
+    CPU test fails wherever a device move is missing (as a CUDA run would)."""
+    import conftest
+
+    from hyflash.targets import Target
+
+    target = Target(getattr(conftest, family)().to("meta"), name="meta")
+    logits = torch.randn(2, 3, 4, target.vocab_size, device="meta")
+    picks, log_q, entropy = sample_drafts(logits, 1.0, None)
+    tokens, anchors = torch.randint(0, 90, (2, 30)), torch.tensor([[3, 11, 20], [0, 9, 25]])  # on the CPU
+    log_p = target_draft_logprobs(target, tokens, anchors, picks, 1.0)
+    p = target_slot_probs(target, tokens, anchors, picks, 1.0, torch.arange(target.vocab_size, device="meta"))
+    assert {t.device.type for t in (picks, log_q, entropy, log_p, p)} == {"meta"}
+    assert log_p.shape == (2, 3, 4) and p.shape == (2, 3, 4, target.vocab_size)
+    # A generator elsewhere than the logits is refused (torch itself does not check every device pair).
+    with pytest.raises(ValueError, match="generator"):
+        sample_drafts(logits, 1.0, torch.Generator())
+
+
+def test_exact_acceptance_weights_slots_by_the_sampled_prefix_reach(monkeypatch):
+    """Hand-computed block of 3 slots over 2 tokens: slot k is weighted by prod_{j<k} min(1, p_j(d_j)/q_j(d_j))
+    of the drafts d_j actually sampled, not by prod_{j<k} alpha_j (an average over drafts not taken)."""
+    q = torch.tensor([[0.8, 0.2], [0.5, 0.5], [0.3, 0.7]], dtype=torch.float64)
+    p = torch.tensor([[0.4, 0.6], [0.9, 0.1], [0.5, 0.5]], dtype=torch.float64)
+    picks = torch.tensor([[[0, 1, 0]]])
+    logits = q.log()[None, None].clone().requires_grad_()
+    monkeypatch.setattr(onpolicy, "sample_drafts", lambda lg, t, g: (
+        picks, F.log_softmax(lg, -1).gather(-1, picks[..., None]).squeeze(-1), torch.zeros(1, 1, 3)))
+    monkeypatch.setattr(onpolicy, "target_slot_probs", lambda *args: p[None, None])
+    config = OnPolicyConfig(weight=1.0, objective="acceptance")
+    loss, stats = onpolicy_loss(logits, torch.ones(1, 1, 3, dtype=torch.bool), torch.zeros(1, 8, dtype=torch.long),
+                                torch.tensor([[2]]), lambda ids: ids, None, 0, config)
+    alpha = [0.6, 0.6, 0.8]  # sum_v min(p, q) per slot
+    reach = [1.0, 0.4 / 0.8, 0.4 / 0.8 * (0.1 / 0.5)]  # d_1 = 0: p/q = 0.5; d_2 = 1: p/q = 0.2
+    expected_accepted = sum(r * a for r, a in zip(reach, alpha))  # the old weights 1, 0.6, 0.36 give 1.248
+    assert float(loss.detach()) == pytest.approx(-expected_accepted / 3, abs=1e-6)  # q is float32 inside
+    assert stats["exact_expected_tau"] == pytest.approx(1 + expected_accepted, abs=1e-6)
+    # The weights are constants: the gradient is that of -sum_k reach_k * alpha_k / 3.
+    (grad,) = torch.autograd.grad(loss, logits)
+    soft = logits.detach().clone().requires_grad_()
+    expected = -(torch.tensor(reach, dtype=torch.float64) * exact_acceptance(soft.softmax(-1), p)).sum() / 3
+    torch.testing.assert_close(grad, torch.autograd.grad(expected, soft)[0], atol=1e-6, rtol=1e-6)
 
 
 def test_survival_weights():
@@ -82,7 +133,7 @@ def test_exact_acceptance_is_total_variation_and_its_gradient_is_the_indicator_p
     torch.testing.assert_close(grad, expected)
 
 
-def test_training_run_with_onpolicy_term(tmp_path):
+def test_training_run_with_onpolicy_term(tmp_path, monkeypatch):
     """`hyflash train` with --onpolicy-weight logs per-slot sampled acceptance and kept/clipped fractions."""
     import dataclasses
     import json
@@ -91,12 +142,22 @@ def test_training_run_with_onpolicy_term(tmp_path):
 
     from hyflash.training.train import train
 
+    from hyflash.training import train as train_module
+
     _write_data(tmp_path / "data")
     config = dataclasses.replace(
         _config(tmp_path / "data", tmp_path / "run"), steps=4, onpolicy_weight=0.5, reward_floor=-2.0,
         entropy_top_fraction=0.5, switch_step=2,
     )
+    devices = []
+
+    def checked(logits, *args):  # the loop's sampling generator lives where the logits it samples do
+        devices.append((args[-1].device, logits.device))
+        return onpolicy_loss(logits, *args)
+
+    monkeypatch.setattr(train_module, "onpolicy_loss", checked)
     train(config, progress=False, target=_tiny_target())
+    assert len(devices) == 4 and all(g == d for g, d in devices)
     records = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     stats = [r["onpolicy"] for r in records if "onpolicy" in r]
     assert len(stats) == 4

@@ -288,3 +288,147 @@ def test_build_dataset_resumes_extends_and_records_features(fake_stdlib, tmp_pat
     cfg.max_new_tokens = 9
     with pytest.raises(HyflashError, match="other settings"):
         build_dataset(cfg, out, target=target, progress=False)
+
+
+def test_drafter_is_exported_before_the_final_evaluation(llama_target, tmp_path, monkeypatch):
+    """A run that dies in its final held-out evaluation (as a GPU run once did) still leaves its drafter."""
+    from hyflash.training import evaluate
+    from hyflash.training import train as train_module
+
+    _tiny_data(llama_target, tmp_path / "d")
+    monkeypatch.setattr(train_module, "_heldout_prompts", lambda target, config: [[1, 2, 3]])
+
+    def dies(*args, **kwargs):
+        raise RuntimeError("evaluation died")
+
+    monkeypatch.setattr(evaluate, "heldout_tau", dies)
+    with pytest.raises(RuntimeError, match="evaluation died"):
+        train_module.train(_small_run(tmp_path / "d", tmp_path / "run", steps=2), progress=False, target=llama_target)
+    assert (tmp_path / "run" / "drafter" / "model.safetensors").exists()
+
+
+def _cropped_data(target, folder: Path) -> tuple[TokenDataset, list[list[int]]]:
+    """Sequences of 40, 25 and 60 tokens: with max_length 32 the first and last are cropped at the front."""
+    g = torch.Generator().manual_seed(5)
+    seqs = [torch.randint(0, target.vocab_size, (n,), generator=g).tolist() for n in (40, 25, 60)]
+    write_dataset(folder, seqs, [4, 4, 4], target.signature(), name="tiny")
+    return TokenDataset(folder), seqs
+
+
+def test_features_of_a_sequence_do_not_depend_on_its_batch(llama_target, tmp_path):
+    """A sequence's features are those of its whole sequence (full context, as at inference) cropped like its
+    tokens: the same alone, next to a shorter or a longer sequence, computed or read from the cache (fp32)."""
+    from hyflash.training.features import FeatureCache, batch_features, teacher_features
+
+    data, seqs = _cropped_data(llama_target, tmp_path / "d")
+
+    def features_of(indices, cache=None) -> dict[int, torch.Tensor]:
+        batch = make_batch(data, indices, num_anchors=4, block_size=4, max_length=32, seed=0, epoch=0)
+        out, _ = batch_features(llama_target, batch, data, cache)
+        return {i: out[j, : int(batch.lengths[j])] for j, i in enumerate(indices)}
+
+    whole, _ = teacher_features(llama_target, torch.tensor([seqs[0]]), torch.tensor([40]))
+    reference = whole[0, 40 - 32 :]  # the kept tokens' features, with the 8 cropped tokens as context
+    close = dict(atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(features_of([0])[0], reference, **close)
+    torch.testing.assert_close(features_of([0, 1])[0], reference, **close)  # next to a shorter sequence
+    torch.testing.assert_close(features_of([2, 0])[0], reference, **close)  # next to a longer, cropped one
+    cache = FeatureCache(tmp_path / "fc", llama_target)
+    features_of([1], cache)  # only the short batch mate is cached
+    torch.testing.assert_close(features_of([0, 1], cache)[0], reference, **close)
+    assert cache.has(data.keys[0])  # cropped sequences are cached too, from their whole sequence
+    torch.testing.assert_close(features_of([1, 0], cache)[0], reference, **close)  # now read from the cache
+
+
+@pytest.mark.parametrize("family", ["llama_target", "gemma_target"])
+def test_teacher_features_keep_only_the_feature_layers(request, family, monkeypatch):
+    """The hook recorder gives what `output_hidden_states` does (fp32), without asking for every layer."""
+    from hyflash.targets import Target
+    from hyflash.training.features import teacher_features
+
+    target = Target(request.getfixturevalue(family).model, feature_layers=(0, 1, 3, 4), name="four-features")
+    tokens = torch.randint(0, 90, (2, 20), generator=torch.Generator().manual_seed(2))
+    lengths = torch.tensor([14, 20])
+    mask = (torch.arange(20)[None] < lengths[:, None]).long()
+    with torch.no_grad():
+        states = target.model(input_ids=tokens, attention_mask=mask, output_hidden_states=True).hidden_states
+    expected = torch.stack([states[i] for i in target.feature_layers], dim=2)
+    body = target.model.get_decoder()
+    real = body.forward
+
+    def no_all_layers(*args, **kwargs):
+        assert not kwargs.get("output_hidden_states"), "teacher_features asked for every layer's hidden states"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(body, "forward", no_all_layers)
+    feats, _ = teacher_features(target, tokens, lengths)
+    assert feats.shape == (2, 20, 4, target.hidden_size)
+    for row, n in enumerate(lengths.tolist()):
+        torch.testing.assert_close(feats[row, :n], expected[row, :n], atol=1e-5, rtol=1e-5)
+
+
+def test_kl_targets_are_the_distribution_that_predicts_each_slot_label(llama_target, tmp_path, monkeypatch):
+    """Slot k of the block at anchor a is trained towards the target's distribution at a+k-1, which predicts
+    its label tokens[a+k]: on greedy target-written data that distribution's argmax IS the label. Only those
+    rows, and only the draft vocabulary's head rows, are computed (never [B, T, V] logits)."""
+    from hyflash.training.features import batch_features
+
+    data = _tiny_data(llama_target, tmp_path / "d", n=3, prompt=8, new=24)  # 32 tokens, greedy from token 8
+    batch = make_batch(data, [0, 1, 2], num_anchors=6, block_size=4, max_length=20, seed=0, epoch=0)
+    assert batch.offsets == [12, 12, 12]  # cropped: every label is a greedy token of the target
+
+    def full_head(*args):
+        raise AssertionError("the LM head ran over the whole vocabulary")
+
+    monkeypatch.setattr(llama_target.model.get_output_embeddings(), "forward", full_head)
+    _, logits = batch_features(llama_target, batch, data, None, want_logits=True)
+    assert logits.shape == (3, 6, 3, llama_target.vocab_size) and logits.dtype == torch.float32
+    valid = batch.labels >= 0
+    assert valid.sum() > 30
+    assert torch.equal(logits.argmax(-1)[valid], batch.labels[valid])
+    monkeypatch.undo()
+    with torch.no_grad():
+        plain = llama_target.model(input_ids=torch.tensor(np.stack([data[i][0] for i in range(3)]))).logits
+    for j in range(3):
+        for i, a in enumerate(batch.anchors[j].tolist()):
+            for k in range(1, 4):
+                if batch.labels[j, i, k - 1] >= 0:
+                    torch.testing.assert_close(logits[j, i, k - 1], plain[j, 12 + a + k - 1], atol=1e-4, rtol=1e-4)
+    vocab = torch.randperm(llama_target.vocab_size, generator=torch.Generator().manual_seed(0))[:40]
+    _, draft = batch_features(llama_target, batch, data, None, want_logits=True, vocab_ids=vocab)
+    torch.testing.assert_close(draft, logits[..., vocab], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["full", "local", "memory", "hyflash"])
+def test_blocks_read_only_the_context_before_their_anchor_and_their_anchor_token(llama_target, kind):
+    """The block at anchor a depends on features[:a] and tokens[a] only: not on its labels tokens[a+1..], not
+    on features from a on, not on which other anchors share the pass, nor on their tokens or the batch mates."""
+    from hyflash.drafters.config import DrafterConfig
+    from hyflash.drafters.model import DrafterModel
+
+    torch.manual_seed(0)
+    config = DrafterConfig.for_target(llama_target, kind=kind, window=8, chunk_size=4, block_size=5, num_heads=2,
+                                      head_dim=8, num_layers=2)
+    model = DrafterModel(config, llama_target).double()
+    g = torch.Generator().manual_seed(1)
+    T, a, V = 40, 21, llama_target.vocab_size
+    features = torch.randn(1, T, len(llama_target.feature_layers), llama_target.hidden_size, generator=g,
+                           dtype=torch.float64)
+    tokens = torch.randint(0, V, (1, T), generator=g)
+    before = model.train_forward(features, tokens, torch.tensor([[a, a + 1, 30]]))[0, 0]
+
+    features2, tokens2 = features.clone(), tokens.clone()
+    features2[:, a:] += torch.randn(features2[:, a:].shape, generator=g, dtype=torch.float64)
+    tokens2[:, a + 1 :] = (tokens2[:, a + 1 :] + 1) % V  # the labels and the next anchor's token
+    other = (torch.randn(features.shape, generator=g, dtype=torch.float64), torch.randint(0, V, (1, T), generator=g))
+    after = model.train_forward(torch.cat([other[0], features2]), torch.cat([other[1], tokens2]),
+                                torch.tensor([[3, 17, a, 39], [35, a, a + 1, 5]]))  # a at slot 1 of row 1
+    torch.testing.assert_close(after[1, 1], before, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(after[1, 2], model.train_forward(features2, tokens2, torch.tensor([[a + 1]]))[0, 0],
+                               atol=1e-10, rtol=1e-10)
+    # Not vacuous: the block does read its anchor token and the context just before it.
+    tokens3, features3 = tokens.clone(), features.clone()
+    tokens3[0, a] = (tokens3[0, a] + 1) % V
+    features3[0, a - 1] += 1.0
+    assert not torch.allclose(model.train_forward(features, tokens3, torch.tensor([[a]]))[0, 0], before)
+    assert not torch.allclose(model.train_forward(features3, tokens, torch.tensor([[a]]))[0, 0], before)

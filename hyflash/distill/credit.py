@@ -129,5 +129,5 @@ def reward_quantiles(reward: torch.Tensor, valid: torch.Tensor, qs=(0.05, 0.5, 0
     values = reward[valid.bool()].float()
     if values.numel() == 0:
         return {f"reward_q{int(q * 100):02d}": float("nan") for q in qs}
-    got = torch.quantile(values, torch.tensor(qs))
+    got = torch.quantile(values, torch.tensor(qs, device=values.device))  # quantile wants one device
     return {f"reward_q{int(q * 100):02d}": float(v) for q, v in zip(qs, got)}

@@ -53,6 +53,31 @@ class DataConfig:
     long_batch_size: int = 4
     shard_prompts: int = 128
     source_root: str = ""  # a folder of .py files to draw prompts from; "" = this Python's standard library
+    # Added after the first data folders; their defaults reproduce those folders' prompt lists exactly.
+    per_module: int = 4  # short prompts per module (half that for test modules)
+    long_per_module: int = 1  # long prompts per big module (each a different cut point)
+    multiturn_every: int = 0  # every n-th further function of a module as a two-turn chat; 0 = none
+    prose_per_package: int = 0  # docstring-continuation prompts per installed package; 0 = none
+
+    def __post_init__(self) -> None:
+        """Refuse nonsensical numbers up front (before any model loads), naming the command-line option."""
+        def check(name: str, ok: bool, rule: str) -> None:
+            if not ok:
+                flag = "--" + name.replace("_", "-")
+                raise HyflashError(f"{flag} must be {rule}, got {getattr(self, name)!r}")
+
+        for name in ("num_prompts", "long_per_module", "multiturn_every", "prose_per_package", "long_every"):
+            check(name, getattr(self, name) >= 0, ">= 0" + (" (0 = every prompt)" if name == "num_prompts" else ""))
+        for name in ("max_new_tokens", "long_new_tokens", "max_prompt_tokens", "long_chars", "batch_size",
+                     "long_batch_size", "shard_prompts", "per_module"):
+            check(name, getattr(self, name) >= 1, ">= 1")
+        check("sampled_fraction", 0.0 <= self.sampled_fraction <= 1.0, "between 0 and 1")
+        check("temperature", self.temperature >= 0.0, ">= 0")
+        check("top_p", 0.0 < self.top_p <= 1.0, "in (0, 1]")
+
+
+# Settings added after data folders were first written, with the values that reproduce those folders.
+_ADDED_SETTINGS = {"per_module": 4, "long_per_module": 1, "multiturn_every": 0, "prose_per_package": 0}
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -71,7 +96,11 @@ def atomic_write_json(path: Path, obj) -> None:
 def select_prompts(config: DataConfig) -> list[Prompt]:
     """The deterministic prompt list: long prompts thinned to one per `long_every`."""
     root = Path(config.source_root) if config.source_root else None
-    prompts = build_prompts(config.split, seed=config.seed, long_chars=config.long_chars, root=root)
+    prompts = build_prompts(
+        config.split, seed=config.seed, per_module=config.per_module, long_chars=config.long_chars, root=root,
+        long_per_module=config.long_per_module, multiturn_every=config.multiturn_every,
+        prose_per_package=config.prose_per_package,
+    )
     out, since_long = [], config.long_every
     for p in prompts:
         if p.kind == "long":
@@ -85,7 +114,7 @@ def select_prompts(config: DataConfig) -> list[Prompt]:
 
 def encode(target, prompt: Prompt, config: DataConfig) -> list[int]:
     if prompt.chat:
-        ids = target.encode_prompt(prompt.text, chat=True)
+        ids = target.encode_prompt(prompt.text, chat=True, history=prompt.history)
     else:
         ids = [int(i) for i in target.tokenizer(prompt.text)["input_ids"]]
     if prompt.kind != "long" and len(ids) > config.max_prompt_tokens:
@@ -193,6 +222,13 @@ def _config_fingerprint(config: DataConfig) -> dict:
     return out
 
 
+def _same_settings(stored: dict, config: DataConfig) -> bool:
+    """A folder's settings match: settings it predates must be at the values that reproduce it."""
+    wanted = _config_fingerprint(config)
+    older = {k: v for k, v in _ADDED_SETTINGS.items() if k not in stored}
+    return all(wanted.pop(k) == v for k, v in older.items()) and stored == wanted
+
+
 def build_dataset(
     config: DataConfig, out: Path, target=None, progress: bool = True, feature_cache: str | Path = ""
 ) -> dict:
@@ -206,7 +242,7 @@ def build_dataset(
     manifest_path = out / MANIFEST
     if manifest_path.exists():
         manifest = read_manifest(out)
-        if manifest["config"] != _config_fingerprint(config):
+        if not _same_settings(manifest["config"], config):
             raise HyflashError(
                 f"{out} holds data made with other settings ({manifest['config']}); "
                 "use another --out folder or the same settings to resume"

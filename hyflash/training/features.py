@@ -3,9 +3,13 @@
 A training step needs the target's hidden states at the feature layers for every token of its sequences.
 Computing them costs one teacher-forced target pass (no backward); on this 2-core CPU that is about as much as
 the drafter's own forward+backward, so after the first epoch a disk cache halves the step time (see
-docs/training.md for the measurement). The cache stores one safetensors file per sequence (bf16, the
-cropped sequence only), keyed by the data shard checksums and the target signature, written atomically;
-with N processes each writes only its own sequences, so no locking is needed.
+docs/training.md for the measurement). The cache stores one safetensors file per sequence (bf16, the whole
+sequence), keyed by the data shard checksums and the target signature, written atomically; with N processes
+each writes only its own sequences, so no locking is needed.
+
+Features always come from the whole sequence (full context, as at inference), also for sequences a batch
+crops: so they are the same whether they are read from the cache or computed, and whatever a sequence is
+batched with.
 """
 
 from __future__ import annotations
@@ -15,30 +19,63 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
 from hyflash.errors import HyflashError
 
 
+def slot_positions(anchors: torch.Tensor, slots: int) -> torch.Tensor:
+    """[..., A, slots]: the position whose target distribution slot k (1..slots) of the block at anchor a is
+    trained towards, a + k - 1 (that distribution predicts tokens[a + k], the slot's label)."""
+    return anchors[..., None] + torch.arange(slots, device=anchors.device)
+
+
+def head_logits(target, hidden: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Float logits of the target's LM head over vocab_ids only (all when None), for hidden [..., H]."""
+    head = target.model.get_output_embeddings()
+    weight, bias = head.weight, getattr(head, "bias", None)
+    if vocab_ids is not None:  # only the draft vocabulary's rows: the KL renormalises onto it anyway
+        ids = vocab_ids.to(weight.device)
+        weight, bias = weight[ids], None if bias is None else bias[ids]
+    logits = F.linear(hidden.to(weight), weight, bias).float()
+    cap = getattr(target.model.config.get_text_config(), "final_logit_softcapping", None)
+    return logits if not cap else torch.tanh(logits / cap) * cap
+
+
 @torch.inference_mode()
 def teacher_features(
-    target, tokens: torch.Tensor, lengths: torch.Tensor, want_logits: bool = False
+    target,
+    tokens: torch.Tensor,
+    lengths: torch.Tensor,
+    logit_positions: torch.Tensor | None = None,
+    vocab_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """features [b, T, nF, H] (target dtype) and optionally logits [b, T, V] for right-padded sequences.
+    """features [b, T, nF, H] (target dtype, on the target's device) for right-padded sequences and, given
+    logit_positions [b, ...], the target's float logits at those positions only, over vocab_ids: [b, ..., V'].
 
-    Runs the decoder body only unless logits are wanted: the LM head over the whole vocabulary is ~20% of a
-    SmolLM2 pass and the cross-entropy loss does not need it.
+    Runs the decoder body, with hooks on the feature layers (`output_hidden_states` would keep every layer),
+    and the LM head only on the rows asked for: the head over the whole vocabulary and every position is ~20%
+    of a SmolLM2 pass and [b, T, V] in float32 is most of its memory.
     """
+    device = target.device
     T = tokens.shape[1]
-    mask = (torch.arange(T)[None] < lengths[:, None]).long()
-    if want_logits:
-        out = target.teacher_forward(tokens.to(target.device), mask.to(target.device))
-        return out.features, out.logits
-    body = target.model.get_decoder()
-    out = body(input_ids=tokens.to(target.device), attention_mask=mask.to(target.device), use_cache=False,
-               output_hidden_states=True)
-    feats = torch.stack([out.hidden_states[i] for i in target.feature_layers], dim=2)
-    return feats, None
+    mask = (torch.arange(T)[None] < lengths.cpu()[:, None]).long()
+    with FeatureRecorder(target) as recorder:
+        out = target.model.get_decoder()(
+            input_ids=tokens.to(device), attention_mask=mask.to(device), use_cache=False
+        )
+    feats = recorder.features()
+    if logit_positions is None:
+        return feats, None
+    flat = logit_positions.to(device).clamp(0, T - 1).reshape(len(tokens), -1)
+    rows = flat + T * torch.arange(len(tokens), device=device)[:, None]
+    # Blocks overlap: each position's head row is computed once, then spread to the slots that read it.
+    unique, inverse = torch.unique(rows, return_inverse=True)
+    hidden = out.last_hidden_state.flatten(0, 1)[unique]
+    logits = head_logits(target, hidden, vocab_ids)
+    return feats, logits[inverse].view(*logit_positions.shape, -1)
 
 
 class FeatureRecorder:
@@ -102,6 +139,9 @@ class FeatureCache:
     def _path(self, key: str) -> Path:
         return self.folder / f"{key}.safetensors"
 
+    def has(self, key: str) -> bool:
+        return self._path(key).exists()
+
     def get(self, key: str, length: int) -> torch.Tensor | None:
         from safetensors import SafetensorError
         from safetensors.torch import load_file
@@ -126,25 +166,41 @@ class FeatureCache:
         os.replace(tmp, path)
 
 
-def batch_features(target, batch, dataset, cache: FeatureCache | None, want_logits: bool = False):
-    """Features [b, T, nF, H] for a Batch: cropped from cached whole-sequence features where present, else
-    computed on the (cropped) batch, and then cached when the batch holds whole sequences."""
+def batch_features(target, batch, dataset, cache: FeatureCache | None, want_logits: bool = False,
+                   vocab_ids: torch.Tensor | None = None):
+    """Features [b, T, nF, H] for a Batch (on the target's device) and, with want_logits, the target's logits
+    at every block slot [b, A, S-1, V'] over vocab_ids (see `slot_positions`).
+
+    Each sequence's features are those of its whole sequence, cropped like its tokens: read from the cache
+    where present, else computed on the whole sequence (and then cached). Computing them on the cropped
+    tokens would lose the context before the crop, so a cropped sequence would get other features when its
+    batch mates are all cached than when one of them is not, and other features without a cache than with one.
+    """
     b, T = batch.tokens.shape
-    lengths = batch.lengths.tolist()
-    cached = [None] * b
-    if cache is not None and not want_logits:
+    lengths, offsets = batch.lengths.tolist(), batch.offsets
+    whole: list[torch.Tensor | None] = [None] * b
+    if cache is not None and not want_logits:  # the logits need a target pass over every sequence anyway
         for j, i in enumerate(batch.indices):
-            full = cache.get(dataset.keys[i], len(dataset.sequences[i]))
-            if full is not None:
-                cached[j] = full[batch.offsets[j] : batch.offsets[j] + lengths[j]]
-    if all(c is not None for c in cached):
-        out = torch.zeros(b, T, *cached[0].shape[1:], dtype=cached[0].dtype)
-        for j, c in enumerate(cached):
-            out[j, : lengths[j]] = c
-        return out, None
-    feats, logits = teacher_features(target, batch.tokens, batch.lengths, want_logits)
-    if cache is not None:
-        for j, i in enumerate(batch.indices):
-            if cached[j] is None and batch.offsets[j] == 0:  # only uncropped sequences are whole
-                cache.put(dataset.keys[i], feats[j, : lengths[j]].clone())
-    return feats, logits
+            whole[j] = cache.get(dataset.keys[i], len(dataset.sequences[i]))
+    missing = [j for j in range(b) if whole[j] is None]
+    logits = None
+    if missing:
+        seqs = [torch.from_numpy(np.asarray(dataset[batch.indices[j]][0], dtype=np.int64)) for j in missing]
+        full_lengths = torch.tensor([len(s) for s in seqs])
+        tokens = torch.zeros(len(seqs), int(full_lengths.max()), dtype=torch.long)
+        for k, s in enumerate(seqs):
+            tokens[k, : len(s)] = s
+        positions = None
+        if want_logits:  # slot positions in the batch's cropped coordinates, shifted to the whole sequence's
+            shift = torch.tensor([offsets[j] for j in missing])[:, None, None]
+            positions = slot_positions(batch.anchors[missing], batch.labels.shape[-1]) + shift
+        feats, logits = teacher_features(target, tokens, full_lengths, positions, vocab_ids)
+        for k, j in enumerate(missing):
+            whole[j] = feats[k, : len(seqs[k])]
+            key = dataset.keys[batch.indices[j]]
+            if cache is not None and not cache.has(key):
+                cache.put(key, whole[j].to("cpu", copy=True))
+    out = torch.zeros(b, T, *whole[0].shape[1:], dtype=whole[0].dtype, device=target.device)
+    for j, w in enumerate(whole):
+        out[j, : lengths[j]] = w[offsets[j] : offsets[j] + lengths[j]].to(out.device)
+    return out, logits

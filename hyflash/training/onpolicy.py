@@ -12,9 +12,12 @@ distillation trainer uses). It is mixed with the cross-entropy objective by the 
 `objective="acceptance"` is the exact, sample-free alternative: the scoring pass yields the target's whole
 distribution p_k at every slot (given the sampled drafts before it), so the acceptance probability of slot k,
     alpha_k = sum_v min(p_k(v), q_k(v))                                (= 1 - total variation)
-is a differentiable function of the drafter's q_k; the term is -sum survival_k * alpha_k over slots. Its
-gradient, sum over v with q_k(v) < p_k(v) of grad q_k(v), is the expectation REOPOLD's estimator samples
-with reward 1[R > 0] — computed exactly instead of from one sample per slot.
+is a differentiable function of the drafter's q_k; the term is -sum reach_k * alpha_k over slots, with
+reach_k = prod_{j<k} min(1, p_j(d_j) / q_j(d_j)) the chance that this sample's own drafts d_<k were accepted
+(detached). p_k is conditioned on those drafts, so sum_k reach_k * alpha_k is an unbiased estimate of the
+expected accepted length; weighting by prod_{j<k} alpha_j instead would average over drafts the sampled prefix
+did not take. The gradient of alpha_k, sum over v with q_k(v) < p_k(v) of grad q_k(v), is the expectation
+REOPOLD's estimator samples with reward 1[R > 0] — computed exactly instead of from one sample per slot.
 
 The target scores every sampled block of a sequence in ONE forward pass: the blocks' draft tokens are appended
 after the sequence, each at its own absolute positions, with a 4-D attention mask so that block i sees the
@@ -45,7 +48,11 @@ def sample_drafts(logits: torch.Tensor, temperature: float, generator: torch.Gen
     """Sample one draft token per slot, as the parallel drafter does at decode time.
 
     logits [b, A, S, Vd] -> (draft indices [b, A, S], log q of them (differentiable), student entropy (detached)).
+    The generator must live on the logits' device (torch would not say so on every device pair).
     """
+    if generator is not None and generator.device != logits.device:
+        raise ValueError(f"the sampling generator is on {generator.device} but the logits on {logits.device}: "
+                         "make it with torch.Generator(device=logits.device)")
     log_q_all = F.log_softmax(logits.float() / temperature, dim=-1)
     with torch.no_grad():
         probs = log_q_all.exp()
@@ -93,24 +100,26 @@ def _layer_masks(model, mask: torch.Tensor, seq_len: int, anchors: torch.Tensor,
     layer_types = getattr(config, "layer_types", None) or []
     if "sliding_attention" not in layer_types:
         return mask
-    sliding = scoring_mask(seq_len, anchors, m, sliding_window=config.sliding_window)
+    sliding = scoring_mask(seq_len, anchors, m, sliding_window=config.sliding_window).to(mask.device)
     return {"full_attention": mask, "sliding_attention": sliding}
 
 
 @torch.no_grad()
 def target_draft_logprobs(target, tokens: torch.Tensor, anchors: torch.Tensor, drafts: torch.Tensor, temperature: float):
-    """log p_target(d_k | tokens[:a+1], d_<k) for drafts [b, A, S] (target ids), in one pass per sequence."""
+    """log p_target(d_k | tokens[:a+1], d_<k) for drafts [b, A, S] (target ids), in one pass per sequence, on
+    the target's device (tokens and anchors may stay on the CPU, where batches are built)."""
     return torch.stack([
-        per_slot.gather(-1, drafts[row, :, :, None].to(per_slot.device)).squeeze(-1).cpu()
+        per_slot.gather(-1, drafts[row, :, :, None].to(per_slot.device)).squeeze(-1)
         for row, per_slot in enumerate(_target_slot_logprobs(target, tokens, anchors, drafts, temperature))
     ])
 
 
 @torch.no_grad()
 def target_slot_probs(target, tokens, anchors, drafts, temperature: float, vocab_ids: torch.Tensor) -> torch.Tensor:
-    """p_target(v | tokens[:a+1], d_<k) for v in vocab_ids (the draft vocabulary): [b, A, S, len(vocab_ids)]."""
+    """p_target(v | tokens[:a+1], d_<k) for v in vocab_ids (the draft vocabulary): [b, A, S, len(vocab_ids)],
+    on the target's device."""
     return torch.stack([
-        per_slot[..., vocab_ids.to(per_slot.device)].exp().cpu()
+        per_slot[..., vocab_ids.to(per_slot.device)].exp()
         for per_slot in _target_slot_logprobs(target, tokens, anchors, drafts, temperature)
     ])
 
@@ -119,19 +128,21 @@ def _target_slot_logprobs(target, tokens, anchors, drafts, temperature: float):
     """Yields, per sequence, the target's log-probabilities [A, S, V] at every slot of every block."""
     b, num_anchors, slots = drafts.shape
     m = slots - 1  # the last draft's own logits would score a token beyond the block
+    device = target.device
+    anchors = anchors.cpu()  # positions: read as Python numbers, and small
     for row in range(b):  # one row at a time keeps the [Q, V] logits small
         a = anchors[row : row + 1]
         seq_len = int(a.max()) + 1  # nothing after the last anchor is ever visible to a block
-        ids = torch.cat([tokens[row, :seq_len], drafts[row, :, :m].reshape(-1)])[None].to(target.device)
-        mask = scoring_mask(seq_len, a, m).to(target.device)
+        ids = torch.cat([tokens[row, :seq_len].to(device), drafts[row, :, :m].reshape(-1).to(device)])[None]
+        mask = scoring_mask(seq_len, a, m).to(device)
         logits = target.model(
             input_ids=ids,
-            position_ids=positions_for(seq_len, a, m).to(target.device),
+            position_ids=positions_for(seq_len, a, m).to(device),
             attention_mask=_layer_masks(target.model, mask, seq_len, a, m),
             use_cache=False,
         ).logits[0].float()
         # slot 1 is predicted at the anchor itself; slot k > 1 at draft k-1 of the same block
-        first = logits[a[0]]  # [A, V]
+        first = logits[a[0].to(device)]  # [A, V]
         rest = logits[seq_len:].view(num_anchors, m, -1)  # [A, m, V]
         yield F.log_softmax(torch.cat([first[:, None], rest], dim=1) / temperature, dim=-1)
 
@@ -178,10 +189,12 @@ def onpolicy_loss(
 ) -> tuple[torch.Tensor, dict]:
     """The on-policy term for drafter logits [b, A, S, Vd] over slots whose labels exist (`valid` [b, A, S])."""
     picks, log_q, entropy = sample_drafts(logits, config.temperature, generator)
-    drafts = to_target_ids(picks.cpu())
+    drafts = to_target_ids(picks)
     if config.objective == "acceptance":
-        return _acceptance_loss(logits, valid, batch_tokens, anchors, drafts, to_target_ids, target, config)
-    log_p = target_draft_logprobs(target, batch_tokens, anchors.cpu(), drafts, config.temperature)
+        vocab_ids = to_target_ids(torch.arange(logits.shape[-1], device=picks.device))
+        p = target_slot_probs(target, batch_tokens, anchors, drafts, config.temperature, vocab_ids)
+        return _acceptance_loss(logits, valid, picks, p, config)
+    log_p = target_draft_logprobs(target, batch_tokens, anchors, drafts, config.temperature)
     reward = log_p.to(log_q.device) - log_q.detach()
     valid = valid.to(log_q.device)
     credit = reopold_credit(reward, entropy, valid, step, config.credit)
@@ -213,20 +226,24 @@ def exact_acceptance(q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     return torch.minimum(p, q).sum(-1)
 
 
-def _acceptance_loss(logits, valid, batch_tokens, anchors, drafts, to_target_ids, target, config: OnPolicyConfig):
-    """-sum_k survival_k * alpha_k / #slots, alpha_k exact given the sampled drafts before slot k."""
-    vocab_ids = to_target_ids(torch.arange(logits.shape[-1]))
-    p = target_slot_probs(target, batch_tokens, anchors.cpu(), drafts, config.temperature, vocab_ids)
+def _acceptance_loss(logits, valid, picks, p, config: OnPolicyConfig):
+    """-sum_k reach_k * alpha_k / #slots: alpha_k exact given the sampled drafts d_<k (p [b, A, S, Vd] is the
+    target's distribution after them), reach_k = prod_{j<k} min(1, p_j(d_j) / q_j(d_j)) the chance that this
+    sample's drafts d_<k were all accepted (detached), as REOPOLD's survival weights."""
     q = F.softmax(logits.float() / config.temperature, dim=-1)
-    alpha = exact_acceptance(q, p.to(q.device))  # [b, A, S]
+    p = p.to(q.device)
+    alpha = exact_acceptance(q, p)  # [b, A, S]
     valid = valid.to(alpha.device)
-    weight = valid.float()
-    if config.survival:  # the chance of reaching slot k, from the exact acceptances before it (detached)
-        weight = weight * reach_probability(alpha.detach())
+    picks = picks.to(q.device)[..., None]
+    reward = (p.gather(-1, picks).log() - q.detach().gather(-1, picks).log()).squeeze(-1)  # log p(d) / q(d)
+    reach = reach_probability(acceptance(reward))
+    weight = valid.float() * reach if config.survival else valid.float()
     loss = -(weight * alpha).sum() / valid.sum().clamp_min(1)
     accept = (alpha.detach() * valid).sum((0, 1)) / valid.sum((0, 1)).clamp_min(1)
+    full_blocks = valid.all(-1)  # expected accepted drafts: sum_k P(slots 1..k accepted) = E[reach_k * alpha_k]
+    accepted = (reach * alpha.detach()).sum(-1)[full_blocks]
     stats = {
         "exact_accept_by_slot": [round(float(x), 4) for x in accept],
-        "exact_expected_tau": _expected_tau(alpha.detach(), valid),
+        "exact_expected_tau": 1 + float(accepted.mean()) if full_blocks.any() else float("nan"),
     }
     return loss, stats

