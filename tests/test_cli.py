@@ -99,3 +99,88 @@ def test_demo_runs_side_by_side(capsys, smollm2_fp32):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "| HumanEval/0 |" in out and "same text as plain: yes" in out
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("--num-prompts", "-1"),
+        ("--batch-size", "0"),
+        ("--long-batch-size", "0"),
+        ("--max-new-tokens", "0"),
+        ("--sampled-fraction", "1.5"),
+        ("--sampled-fraction", "-0.1"),
+        ("--temperature", "-1"),
+        ("--top-p", "0"),
+        ("--top-p", "1.5"),
+        ("--shard-prompts", "0"),
+        ("--per-module", "0"),
+        ("--long-per-module", "-1"),
+        ("--multiturn-every", "-1"),
+        ("--prose-per-package", "-1"),
+    ],
+)
+def test_data_refuses_nonsense_numbers_before_loading(capsys, tmp_path, monkeypatch, option, value):
+    from hyflash.targets import Target
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the settings were checked")
+
+    monkeypatch.setattr(Target, "load", classmethod(no_load))
+    out = tmp_path / "out"
+    err = _error_line(capsys, ["data", option, value, "--out", str(out), "--no-progress"])
+    assert option in err and value in err
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_data_num_prompts_minus_one_exits_2_in_a_fresh_process(tmp_path):
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "hyflash.cli", "data", "--num-prompts", "-1", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "hyflash: error: --num-prompts must be >= 0 (0 = every prompt), got -1"
+    assert not out.exists()
+
+
+def test_drafter_info_weight_bytes_include_the_head_copy(capsys, tmp_path, monkeypatch, llama_target):
+    from hyflash.drafters.loading import read_weights
+    from hyflash.targets import Target
+
+    monkeypatch.setattr(Target, "load", classmethod(lambda cls, *args, **kwargs: llama_target))
+    folder = tmp_path / "d"
+    assert main(["drafter", "new", "--kind", "hyflash", "--draft-vocab", "40", "--model", "tiny",
+                 "--out", str(folder)]) == 0
+    capsys.readouterr()
+    assert main(["drafter", "info", str(folder), "--context", "16", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    saved = sum(t.numel() * t.element_size() for t in read_weights(folder).values())
+    head = llama_target.model.get_output_embeddings().weight
+    head_copy = 40 * head.shape[1] * head.element_size()  # the 40 draft-vocabulary rows, in the head's dtype
+    assert info["weight_bytes_detail"] == {"saved_tensors": saved, "head_copy": head_copy}
+    assert info["weight_bytes"] == saved + head_copy
+    assert set(info["draft_memory_bytes"]) == {"16"}  # context state is reported apart
+    assert main(["drafter", "info", str(folder), "--context", "16"]) == 0
+    assert "MiB is its copy of the target's LM-head rows" in capsys.readouterr().out
+
+
+def test_drafter_info_default_resolves_like_generate(capsys):
+    from hyflash.drafters.cli import resolve_info_path
+    from hyflash.training.defaults import default_drafter_path
+
+    shipped = str(default_drafter_path("smollm2-135m"))
+    assert resolve_info_path("default", None) == (shipped, "smollm2-135m")
+    assert resolve_info_path("default", "smollm2-135m") == (shipped, "smollm2-135m")
+    assert resolve_info_path("some/dir", None) == ("some/dir", None)
+    err = _error_line(capsys, ["drafter", "info", "default", "--model", "gemma3-270m"])
+    assert "no default drafter ships for 'gemma3-270m'" in err
+
+
+@pytest.mark.slow
+def test_drafter_info_default_real_model(capsys, smollm2_fp32):
+    assert main(["drafter", "info", "default", "--context", "64", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["model"] == "smollm2-135m" and info["dtype"] == "bfloat16"
+    head_copy = 8192 * 576 * 2  # 8,192 draft-vocabulary rows of the bf16 head: 9 MiB
+    assert info["weight_bytes_detail"]["head_copy"] == head_copy
+    assert info["weight_bytes"] == info["weight_bytes_detail"]["saved_tensors"] + head_copy
+    assert info["draft_memory_bytes"]["64"] < info["weight_bytes"]

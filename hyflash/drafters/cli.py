@@ -29,9 +29,12 @@ def add_cli(subparsers) -> None:
     new.add_argument("--out", required=True, help="folder to write (replaced if it exists)")
     new.set_defaults(handler=cmd_new)
 
-    info = sub.add_parser("info", help="configuration, parameter count and measured draft memory of a drafter")
-    info.add_argument("path", metavar="DIR")
-    info.add_argument("--model", default=None, help="target (default: the one the drafter was built for)")
+    info = sub.add_parser(
+        "info", help="configuration, parameter count, weight bytes and measured draft memory of a drafter"
+    )
+    info.add_argument("path", metavar="DIR", help="a drafter folder, or `default` (the one shipped for --model)")
+    info.add_argument("--model", default=None,
+                      help="target (default: the one the drafter was built for; smollm2-135m for `default`)")
     info.add_argument("--context", default=DEFAULT_CONTEXTS, help="comma-separated context lengths to measure")
     info.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="as for generate")
     info.add_argument("--json", action="store_true", help="print one JSON object")
@@ -96,33 +99,60 @@ def measure_draft_memory(model, length: int, piece: int = 1024) -> dict:
     return {"bytes": state.memory_bytes(), "draft_ms": 1000 * min(times)}
 
 
+def resolve_info_path(spec: str, model: str | None) -> tuple[str, str | None]:
+    """`drafter info` argument -> (drafter folder, target name or None). `default` is the drafter shipped for
+    `model` (the default model when none is given), as `generate --drafter default` resolves it."""
+    if spec != "default":
+        return spec, model
+    from hyflash.targets import DEFAULT_MODEL
+    from hyflash.training.defaults import resolve_drafter_spec
+
+    model = model or DEFAULT_MODEL
+    return resolve_drafter_spec(spec, model), model
+
+
+def weight_bytes(model) -> dict:
+    """Bytes of the drafter's own weights as loaded: every tensor it saves (parameters and saved buffers) plus
+    the copy of the target's LM-head rows it keeps for a reduced draft vocabulary. Context state is apart."""
+    saved = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    head_copy = 0
+    if model.draft_vocab_ids is not None:  # `logits` gathers these rows once and keeps them
+        head = model._head_weight()
+        head_copy = head.numel() * head.element_size()
+    return {"total": saved + head_copy, "saved_tensors": saved, "head_copy": head_copy}
+
+
 def cmd_info(args) -> int:
     from hyflash.drafters.loading import read_config
     from hyflash.drafters.model import DrafterModel
     from hyflash.targets import Target
 
     lengths = _contexts(args.context)
-    config = read_config(args.path)
-    model_name = args.model or config.target_name
+    path, model_name = resolve_info_path(args.path, args.model)
+    config = read_config(path)
+    model_name = model_name or config.target_name
     if not model_name:
-        raise HyflashError(f"{args.path} does not record its target: pass --model")
+        raise HyflashError(f"{path} does not record its target: pass --model")
     target = Target.load(model_name, dtype=args.dtype)
-    model = DrafterModel.from_pretrained(args.path, target)
+    model = DrafterModel.from_pretrained(path, target)
+    weights = weight_bytes(model)
     memory = {n: measure_draft_memory(model, n) for n in lengths}
     if args.json:
         out = {
-            "path": str(args.path),
+            "path": str(path),
             "model": model_name,
             "dtype": args.dtype,
             "config": config.to_dict(),
             "param_count": model.param_count(),
+            "weight_bytes": weights["total"],
+            "weight_bytes_detail": {"saved_tensors": weights["saved_tensors"], "head_copy": weights["head_copy"]},
             "draft_memory_bytes": {str(n): m["bytes"] for n, m in memory.items()},
             "draft_ms": {str(n): round(m["draft_ms"], 2) for n, m in memory.items()},
         }
         print(json.dumps(out))
         return 0
     c = config
-    print(f"drafter {args.path}: kind {c.kind}, {c.num_layers} layer(s), block {c.block_size}, "
+    print(f"drafter {path}: kind {c.kind}, {c.num_layers} layer(s), block {c.block_size}, "
           f"heads {c.num_heads}x{c.head_dim}, mlp {c.intermediate_size}")
     if c.kind in ("local", "hyflash"):
         print(f"  window {c.window} (+ up to {c.chunk_size - 1} not yet evicted)")
@@ -132,6 +162,11 @@ def cmd_info(args) -> int:
     print(f"  target {model_name}: hidden {c.target_hidden_size}, vocab {c.target_vocab_size:,}, "
           f"{c.target_num_layers} layers, features from layers {c.feature_layers}; draft vocabulary {vocab}")
     print(f"  parameters: {model.param_count():,} trainable (the target's embedding and LM head are borrowed)")
+    head = ""
+    if weights["head_copy"]:
+        head = f", of which {weights['head_copy'] / 2**20:.1f} MiB is its copy of the target's LM-head rows"
+    print(f"  weights ({args.dtype}): {weights['total']:,} bytes = {weights['total'] / 2**20:.1f} MiB{head}; "
+          "the draft memory below (context state) comes on top")
     print(f"  draft memory ({args.dtype}, measured after ingesting random contexts):")
     print(f"  {'context':>9} {'bytes':>14} {'KiB':>10} {'draft ms':>9}")
     for n, m in memory.items():
