@@ -21,8 +21,9 @@ COMMAND_MODULES = [
 ]
 
 
-def build_drafter(spec: str, target, block_size: int | None = None):
-    """'none' -> no drafter, 'ngram' -> prompt lookup, 'default' -> the shipped drafter, else a drafter folder.
+def build_drafter(spec: str, target, block_size: int | None = None, quiet: bool = False):
+    """'none' -> no drafter, 'ngram' -> prompt lookup, 'default' -> the shipped drafter together with the
+    n-gram lookup (a HybridDrafter: the policy takes whichever draft pays more), else a drafter folder alone.
 
     'default' falls back to the n-gram drafter (with a note) for targets that have no shipped drafter.
     """
@@ -32,10 +33,13 @@ def build_drafter(spec: str, target, block_size: int | None = None):
         from hyflash.training.defaults import DEFAULT_DRAFTERS, default_drafter_path
 
         if target.name in DEFAULT_DRAFTERS:
-            spec = str(default_drafter_path(target.name))
-        else:
+            from hyflash.drafters.hybrid import HybridDrafter
+            from hyflash.drafters.loading import load_drafter_for_target
+
+            return HybridDrafter(load_drafter_for_target(default_drafter_path(target.name), target))
+        if not quiet:
             print(f"hyflash: no shipped drafter for {target.name}; using the n-gram drafter", file=sys.stderr)
-            spec = "ngram"
+        spec = "ngram"
     if spec == "ngram":
         from hyflash.drafters.ngram import NgramDrafter
 
@@ -43,6 +47,14 @@ def build_drafter(spec: str, target, block_size: int | None = None):
     from hyflash.drafters.loading import load_drafter_for_target
 
     return load_drafter_for_target(spec, target)
+
+
+def add_engine_args(p) -> None:
+    """--dtype and --no-adaptive, shared by generate, demo and bench."""
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                   help="auto (default): the fastest on this machine, from its calibration (`hyflash calibrate`)")
+    p.add_argument("--no-adaptive", dest="adaptive", action="store_false",
+                   help="verify every draft in full instead of choosing the draft length from measured costs")
 
 
 def _add_generate(sub) -> None:
@@ -55,7 +67,7 @@ def _add_generate(sub) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    add_engine_args(p)
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template (raw continuation)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the text and every metric")
     p.set_defaults(handler=cmd_generate)
@@ -64,15 +76,15 @@ def _add_generate(sub) -> None:
 def cmd_generate(args) -> int:
     from hyflash.decoding import generate
     from hyflash.sampling import SamplingConfig
-    from hyflash.targets import Target
 
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     if args.max_new_tokens < 1:
         raise HyflashError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if not args.prompt.strip():
         raise HyflashError("the prompt is empty: pass some text with --prompt")
-    target = Target.load(args.model, dtype=args.dtype)
-    drafter = build_drafter(args.drafter, target)
+    from hyflash import engine
+
+    target, drafter, policy, choice = engine.load(args.model, args.dtype, args.drafter, args.adaptive)
     prompt_ids = target.encode_prompt(args.prompt, chat=False if args.no_chat else None)
 
     streamed: list[int] = []
@@ -94,16 +106,19 @@ def cmd_generate(args) -> int:
         sampling=sampling,
         seed=args.seed,
         on_tokens=None if args.json else stream,
+        policy=policy,
     )
     if args.json:
         out = result.to_dict()
-        out.update(model=args.model, drafter=args.drafter, dtype=args.dtype, prompt=args.prompt)
+        out.update(model=args.model, drafter=args.drafter, prompt=args.prompt, adaptive=args.adaptive,
+                   **choice.to_dict())
         print(json.dumps(out))
     else:
         print()
+        dtype = args.dtype if args.dtype != "auto" else f"{choice.dtype} (auto: {choice.reason})"
         print(
             f"[{len(result.tokens)} tokens, {result.tokens_per_second:.1f} tok/s, tau {result.tau:.2f}, "
-            f"draft memory {result.draft_memory_bytes / 1024:.1f} KiB, drafter {args.drafter}, {args.dtype}]"
+            f"draft memory {result.draft_memory_bytes / 1024:.1f} KiB, drafter {args.drafter}, {dtype}]"
         )
     return 0
 
@@ -114,7 +129,7 @@ def _add_demo(sub) -> None:
     p.add_argument("--drafter", default="default", help="ngram | default | PATH")
     p.add_argument("--prompts", type=int, default=3, help="how many held-out prompts")
     p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    add_engine_args(p)
     p.set_defaults(handler=cmd_demo)
 
 
@@ -122,6 +137,61 @@ def cmd_demo(args) -> int:
     from hyflash.demo import run_demo
 
     return run_demo(args)
+
+
+def _add_calibrate(sub) -> None:
+    p = sub.add_parser("calibrate", help="measure this machine: target pass cost c(q), q = 1..16, and drafter step")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--dtype", default="all", choices=["all", "bfloat16", "float32"])
+    p.add_argument("--drafter", default="default", help="whose step to time: default | ngram | none | PATH")
+    p.add_argument("--force", action="store_true", help="measure again even if this machine has a cached result")
+    p.add_argument("--plot", default="calibration.png", help="where to draw the cost curves ('' = no plot)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (key cost_curve) instead of a table")
+    p.set_defaults(handler=cmd_calibrate)
+
+
+def cmd_calibrate(args) -> int:
+    from pathlib import Path
+
+    from hyflash.calibration import calibrate, plot, table
+    from hyflash.policy import choose_dtype
+
+    dtypes = ["float32", "bfloat16"] if args.dtype == "all" else [args.dtype]
+    say = (lambda line: None) if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    curves = {}
+    for dtype in dtypes:
+        curves[dtype], measured = calibrate(args.model, dtype, None if args.drafter == "none" else args.drafter,
+                                            use_cache=not args.force, announce=say)
+        if not measured:
+            say(f"hyflash: {args.model} {dtype}: cached result for this machine (--force measures again)")
+    plain = choose_dtype(curves, with_drafter=False)
+    spec = choose_dtype(curves, with_drafter=True)
+    if args.plot:
+        plot(list(curves.values()), Path(args.plot))
+    if args.json:
+        print(json.dumps({"cost_curve": {d: c.to_dict() for d, c in curves.items()},
+                          "auto_dtype": {"plain": plain[0], "speculative": spec[0]},
+                          "auto_reason": {"plain": plain[1], "speculative": spec[1]}}))
+        return 0
+    print(table(list(curves.values())))
+    print(f"\n--dtype auto: plain decoding -> {plain[0]} ({plain[1]})")
+    print(f"--dtype auto: speculative -> {spec[0]} ({spec[1]})")
+    if args.plot:
+        print(f"cost curves: {args.plot}")
+    return 0
+
+
+def set_threads() -> None:
+    """One torch thread per physical core unless the user chose (HYFLASH_THREADS, or OMP_NUM_THREADS):
+    decoding a small model is bound by the cores' vector units, and hyperthread siblings only contend."""
+    import os
+
+    import torch
+
+    from hyflash.calibration import physical_cores
+
+    chosen = os.environ.get("HYFLASH_THREADS") or os.environ.get("OMP_NUM_THREADS")
+    torch.set_num_threads(int(chosen) if chosen and chosen.isdigit() and int(chosen) > 0 else physical_cores())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_generate(sub)
     _add_demo(sub)
+    _add_calibrate(sub)
     for name in COMMAND_MODULES:
         importlib.import_module(name).add_cli(sub)
     return parser
@@ -145,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
+        set_threads()
         return int(args.handler(args) or 0)
     except HyflashError as exc:
         print(f"hyflash: error: {exc}", file=sys.stderr)

@@ -1,10 +1,11 @@
 """Plain autoregressive decoding and lossless speculative decoding, in one short explicit loop.
 
 One iteration = one target pass. The token `next_token` is verified (it was chosen by the target) but not yet
-run through the target. The drafter proposes k tokens after it; the target scores [next_token, d1..dk] in one
-pass; the rejection rule keeps a prefix d1..dn and yields one more token (a correction, or the bonus token
-when all k survive); the cache is rolled back to the verified prefix; the drafter ingests the newly verified
-tokens with their features. Plain decoding is the same loop with k = 0.
+run through the target. The drafter proposes drafts after it; the policy (policy.py) picks one and how many of
+its tokens, k, are worth verifying on this machine; the target scores [next_token, d1..dk] in one pass; the
+rejection rule keeps a prefix d1..dn and yields one more token (a correction, or the bonus token when all k
+survive); the cache is rolled back to the verified prefix; the drafter ingests the newly verified tokens with
+their features. Plain decoding is the same loop with k = 0.
 
 Acceptance length tau = tokens committed per target pass, bonus/correction included (DFlash/EAGLE convention).
 """
@@ -18,6 +19,7 @@ from typing import Callable
 import torch
 
 from hyflash.drafters.base import Drafter
+from hyflash.policy import SpeculationPolicy
 from hyflash.sampling import SamplingConfig, logits_to_probs, sample, verify_block
 from hyflash.targets import Target
 
@@ -32,10 +34,11 @@ class GenerationResult:
     drafted_by_position: list[int] = field(default_factory=list)  # passes in which slot k was drafted
     accepted_by_position: list[int] = field(default_factory=list)  # ... and accepted
     prefill_time: float = 0.0
-    draft_time: float = 0.0
-    verify_time: float = 0.0
+    draft_time: float = 0.0  # proposing and ingesting (the drafter's whole share)
+    verify_time: float = 0.0  # target passes and the rejection rule
     total_time: float = 0.0
     draft_memory_bytes: int = 0  # at the end of generation (peak for every drafter we ship)
+    policy: dict = field(default_factory=dict)  # which draft source was verified how often, draft lengths
 
     @property
     def tau(self) -> float:
@@ -80,16 +83,21 @@ def generate(
     seed: int = 0,
     on_tokens: Callable[[list[int]], None] | None = None,
     stop_at_eos: bool = True,
+    policy: SpeculationPolicy | None = None,
 ) -> GenerationResult:
     """Generate up to max_new_tokens after the prompt; speculative when a drafter is given.
 
     The output equals plain decoding token for token under greedy settings (up to floating-point rounding
-    of multi-token passes) and in distribution under sampling.
+    of multi-token passes) and in distribution under sampling. `policy` decides draft source and length
+    (default: verify every draft in full, on a flat cost curve).
     """
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
     prompt = torch.as_tensor(prompt_ids, dtype=torch.long).view(-1)
-    generator = torch.Generator().manual_seed(seed)
+    device = target.device
+    generator = torch.Generator(device=device).manual_seed(seed)  # samples on the device the logits live on
+    policy = policy or SpeculationPolicy()
+    policy.start_run()
     want_features = drafter is not None and drafter.needs_features
     # Never run past the model's context: the last committed token needs no target pass of its own.
     max_new_tokens = min(max_new_tokens, target.max_context - len(prompt))
@@ -109,25 +117,28 @@ def generate(
     while len(committed) < max_new_tokens and not (stop_at_eos and next_token in target.eos_token_ids):
         # k drafts: bounded by the block, by the tokens still wanted and by the model's context.
         room = min(max_new_tokens - len(committed), target.max_context - target.cache_length) - 1
+        position = target.cache_length  # where next_token sits
         t0 = time.perf_counter()
         draft = None
         if drafter is not None and room > 0:
-            draft = drafter.draft(next_token, min(drafter.block_size - 1, room), sampling, generator)
-        draft_tokens = draft.tokens if draft is not None else torch.empty(0, dtype=torch.long)
+            k_max = min(drafter.block_size - 1, room)
+            candidates = drafter.propose(next_token, k_max, sampling, generator, expensive=policy.wants_draft())
+            draft = policy.plan(candidates, position)
+        draft_tokens = draft.tokens.to(device) if draft is not None else torch.empty(0, dtype=torch.long, device=device)
+        draft_probs = None if draft is None or draft.probs is None else draft.probs.to(device)
         t1 = time.perf_counter()
 
-        block = torch.cat([torch.tensor([next_token]), draft_tokens.cpu()])
-        position = target.cache_length  # where next_token sits
+        block = torch.cat([torch.tensor([next_token], device=device), draft_tokens])
         scored = target.score(block, features=want_features)
         target_probs = logits_to_probs(scored.logits, sampling)
-        n_accepted, next_token = verify_block(
-            target_probs, draft_tokens.cpu(), None if draft is None else draft.probs, sampling, generator
-        )
+        n_accepted, next_token = verify_block(target_probs, draft_tokens, draft_probs, sampling, generator)
         target.rollback(position + 1 + n_accepted)
+        policy.observe(draft, n_accepted)
+        t2 = time.perf_counter()
         if drafter is not None:
             verified_features = None if scored.features is None else scored.features[: 1 + n_accepted]
             drafter.ingest(block[: 1 + n_accepted], verified_features)
-        t2 = time.perf_counter()
+        t3 = time.perf_counter()
 
         new = draft_tokens[:n_accepted].tolist() + [next_token]
         if stop_at_eos:
@@ -141,7 +152,7 @@ def generate(
         result.target_passes += 1
         result.committed_per_pass.append(len(new))
         _record_acceptance(result, len(draft_tokens), n_accepted)
-        result.draft_time += t1 - t0
+        result.draft_time += (t1 - t0) + (t3 - t2)
         result.verify_time += t2 - t1
         if on_tokens:
             on_tokens(new)
@@ -150,6 +161,7 @@ def generate(
     result.tokens = committed
     if drafter is not None:
         result.draft_memory_bytes = drafter.memory_bytes()
+        result.policy = policy.stats()
     if target.tokenizer is not None:
         result.text = target.decode(committed)
     return result

@@ -7,18 +7,18 @@ from __future__ import annotations
 
 import sys
 
+from hyflash import engine
 from hyflash.bench.datasets import build_humaneval
 from hyflash.decoding import generate
 from hyflash.sampling import SamplingConfig
-from hyflash.targets import Target
 
 
 def run_demo(args) -> int:
-    from hyflash.cli import build_drafter
-
-    print(f"loading {args.model} ({args.dtype}) ...", flush=True)
-    target = Target.load(args.model, dtype=args.dtype)
-    drafter = build_drafter(args.drafter, target)
+    print(f"loading {args.model} ...", flush=True)
+    target, drafter, policy, choice = engine.load(args.model, args.dtype, args.drafter, args.adaptive)
+    print(f"dtype {choice.dtype} ({choice.reason}); draft length: "
+          f"{'adaptive, from the measured cost curve' if args.adaptive else 'the whole block'}", flush=True)
+    dtype = choice.dtype
     name = "n-gram" if drafter is not None and type(drafter).__name__ == "NgramDrafter" else args.drafter
     greedy = SamplingConfig()
     rows = []
@@ -26,21 +26,22 @@ def run_demo(args) -> int:
         ids = list(item.ids)
         generate(target, ids[:16], None, max_new_tokens=4)  # warm-up: first calls pay one-off costs
         plain = generate(target, ids, None, max_new_tokens=args.max_new_tokens, sampling=greedy)
-        spec = generate(target, ids, drafter, max_new_tokens=args.max_new_tokens, sampling=greedy)
+        spec = generate(target, ids, drafter, max_new_tokens=args.max_new_tokens, sampling=greedy, policy=policy)
         same = plain.tokens == spec.tokens
         speedup = spec.tokens_per_second / plain.tokens_per_second
         rows.append((item.item_id, plain, spec, same, speedup))
         print(f"\n=== prompt {i + 1}: {item.item_id} ({len(ids)} prompt tokens) ===")
         print(spec.text.strip()[:600])
+        sources = ", ".join(f"{k} {v}" for k, v in spec.policy.get("draft_sources", {}).items()) or "none"
         print(
             f"--- plain {plain.tokens_per_second:.1f} tok/s | {name} {spec.tokens_per_second:.1f} tok/s "
             f"(x{speedup:.2f}), tau {spec.tau:.2f}, draft memory {spec.draft_memory_bytes / 1024:.1f} KiB, "
-            f"same text as plain: {'yes' if same else 'NO'}"
+            f"same text as plain: {'yes' if same else 'NO'}; drafts verified by source: {sources}"
         )
         if not same:
             diverge = next((j for j, (a, b) in enumerate(zip(plain.tokens, spec.tokens)) if a != b),
                            min(len(plain.tokens), len(spec.tokens)))
-            print(f"    first difference at token {diverge} (expected in {args.dtype}: multi-token passes "
+            print(f"    first difference at token {diverge} (expected in {dtype}: multi-token passes "
                   "round differently; in float32 the outputs are identical)")
     print("\n| prompt | plain tok/s | speculative tok/s | speed-up | tau | draft memory | identical |")
     print("|---|---|---|---|---|---|---|")

@@ -81,6 +81,12 @@ def verify_block(
     is deterministic (one-hot q). Returns (number accepted, the correction or bonus token).
     """
     k = draft_tokens.shape[0]
+    devices = {t.device for t in (target_probs, draft_tokens, draft_probs) if t is not None}
+    if generator is not None:
+        devices.add(generator.device)
+    if len(devices) > 1:  # caught here, not deep inside torch, and on CPU-only machines too
+        raise ValueError(f"verify_block got tensors on several devices ({', '.join(map(str, devices))}): "
+                         "move drafts to the target's device first")
     if sampling.greedy:
         best = target_probs.argmax(-1)
         n = 0
@@ -93,8 +99,8 @@ def verify_block(
         q = draft_probs[i] if draft_probs is not None else torch.nn.functional.one_hot(
             draft_tokens[i], p.shape[-1]
         ).float()
-        ratio = p[d] / q[d] if q[d] > 0 else torch.tensor(0.0)
-        u = torch.rand((), generator=generator)
+        ratio = p[d] / q[d] if q[d] > 0 else p.new_zeros(())
+        u = torch.rand((), generator=generator, device=p.device)
         if u < ratio:
             continue
         residual = (p - q).clamp_min(0)

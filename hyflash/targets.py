@@ -188,19 +188,24 @@ class Target:
         return self.model.get_output_embeddings()(hidden)
 
     # ----- text ----------------------------------------------------------------------------------------
-    def encode_prompt(self, text: str, chat: bool | None = None) -> list[int]:
-        """Tokenise a prompt; with a chat template (and chat not False) format it as one user turn."""
+    def encode_prompt(self, text: str, chat: bool | None = None, history: tuple[str, ...] = ()) -> list[int]:
+        """Tokenise a prompt; with a chat template (and chat not False) format it as one user turn, after
+        the earlier turns in `history` (alternating user, assistant)."""
         if not text or not text.strip():
             raise HyflashError("the prompt is empty: pass some text with --prompt")
         tok = self.tokenizer
         use_chat = bool(getattr(tok, "chat_template", None)) if chat is None else chat
         if use_chat:
+            roles = ("user", "assistant")
+            messages = [{"role": roles[i % 2], "content": t} for i, t in enumerate(history)]
             ids = tok.apply_chat_template(
-                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+                messages + [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
             )
             if isinstance(ids, dict) or hasattr(ids, "keys"):
                 ids = ids["input_ids"]
         else:
+            if history:
+                raise HyflashError(f"{self.name} has no chat template: earlier turns need one")
             ids = tok(text)["input_ids"]
         ids = [int(i) for i in ids]
         self.check_prompt_length(len(ids))

@@ -79,14 +79,29 @@ def small_vocab_target():
     return Target(tiny_llama(seed=3, vocab=6, hidden=16, layers=2), name="tiny-vocab6")
 
 
-def _sample_counts(target, prompt, length, sampling, runs):
+def _sample_counts(target, prompt, length, sampling, runs, policy=None, events=None):
+    """Counts of whole outputs; `events` (a Counter) collects (drafted, accepted) of every verification."""
     drafter = RandomDrafter(target.vocab_size, block_size=4, seed=7)
     counts: dict = {}
     for seed in range(runs):
-        out = generate(target, prompt, drafter, max_new_tokens=length, sampling=sampling, seed=seed)
+        out = generate(target, prompt, drafter, max_new_tokens=length, sampling=sampling, seed=seed, policy=policy)
         key = tuple(out.tokens)
         counts[key] = counts.get(key, 0) + 1
+        if events is not None:
+            drafted, accepted = out.drafted_by_position, out.accepted_by_position
+            for k in range(len(drafted)):
+                events["slot", k + 1, "accepted" if accepted[k] else "rejected"] += accepted[k] or drafted[k]
+            for k, n in out.policy.get("draft_lengths", {}).items():
+                events["k", k] += n
     return counts
+
+
+def _steep_curve():
+    """A cost curve on which verifying 1, 2 or 3 drafts each pays only at some acceptance levels, so an
+    adaptive policy that learns as it goes verifies different lengths from run to run."""
+    from hyflash.calibration import CostCurve
+
+    return CostCurve("tiny", "float32", [0], [[10.0, 14.0, 15.0, 16.0, 17.0]])
 
 
 @pytest.mark.parametrize(
@@ -94,18 +109,34 @@ def _sample_counts(target, prompt, length, sampling, runs):
     [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_k=4, top_p=0.9)],
     ids=["t1", "t0.7-topk-topp"],
 )
-def test_speculative_sampling_matches_target_distribution(small_vocab_target, sampling):
-    prompt, length, runs = [1, 4, 2], 3, 2000
+@pytest.mark.parametrize("adaptive", [False, True], ids=["chain", "adaptive-k"])
+def test_speculative_sampling_matches_target_distribution(small_vocab_target, sampling, adaptive):
+    """Four tokens: the prefill's, then one pass verifying up to 2 drafts, so rejection at slot 2, the
+    residual after an accepted draft and the bonus token after k = 2 all occur (asserted below)."""
+    from collections import Counter
+
+    from hyflash.policy import PolicyConfig, SpeculationPolicy
+
+    prompt, length, runs = [1, 4, 2], 4, 3000
+    # A slow-learning calibrator: it starts trusting the drafter (k = 2) and learns to stop (k = 0) mid-test.
+    policy = SpeculationPolicy(_steep_curve(), PolicyConfig(prior_strength=300)) if adaptive else None
+    events: Counter = Counter()
     expected = _exact_sequence_probs(small_vocab_target, prompt, length, sampling)
-    counts = _sample_counts(small_vocab_target, prompt, length, sampling, runs)
+    counts = _sample_counts(small_vocab_target, prompt, length, sampling, runs, policy, events)
     stat, df = _chi_square(counts, expected, runs)
     assert stat < _chi_square_critical(df), f"chi2 {stat:.1f} on {df} df"
+    assert events["slot", 2, "rejected"] > 50  # rejection at slot 2, after slot 1 was accepted
+    if sampling.top_k == 0:  # (top-k 4 cuts most of the drafter's q: its slot-2 drafts are then rejected)
+        assert events["slot", 2, "accepted"] > 20  # ... and the bonus token after k = 2
+        assert events["slot", 1, "accepted"] > 50 and events["slot", 1, "rejected"] > 50
+    if adaptive:  # the policy really chose: plain steps (k = 0) although drafts were there, and k = 2
+        assert events["k", 0] > 50 and events["k", 2] > 50, events
 
 
 def test_the_test_catches_a_wrong_rule(small_vocab_target, monkeypatch):
     """Accepting every draft with q > 0 (a classic bug) must fail the same check."""
     sampling = SamplingConfig(temperature=1.0)
-    prompt, length, runs = [1, 4, 2], 3, 600
+    prompt, length, runs = [1, 4, 2], 4, 1000
     expected = _exact_sequence_probs(small_vocab_target, prompt, length, sampling)
 
     def accept_whenever_q_positive(target_probs, draft_tokens, draft_probs, sampling, generator):

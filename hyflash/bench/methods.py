@@ -43,6 +43,7 @@ class PromptRun:
     drafted_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
     draft_memory_bytes: int = 0  # draft-side state at the end of generation
+    draft_sources: dict = field(default_factory=dict)  # source -> passes that verified its draft (hybrid)
     target_kv_bytes: int | None = None  # the target's own KV cache at the end (measured, for scale) ...
     target_kv_tokens: int | None = None  # ... holding this many tokens
     rss_bytes: int | None = None  # process RSS right after this run
@@ -85,10 +86,12 @@ class LoopMethod(Method):
     """Our loop; `make_drafter` returns None for plain decoding. The drafter is built once and reused
     (generate() resets it per prompt), as a user would."""
 
-    def __init__(self, name: str, make_drafter: Callable[[], object | None], measure_target_kv: bool = False):
+    def __init__(self, name: str, make_drafter: Callable[[], object | None], measure_target_kv: bool = False,
+                 policy=None):
         self.name = name
         self.make_drafter = make_drafter
         self.measure_target_kv = measure_target_kv
+        self.policy = policy  # one per method, kept across prompts (what it learns carries over, as for a user)
         self._drafter = None
         self._built = False
 
@@ -98,7 +101,8 @@ class LoopMethod(Method):
         return self._drafter
 
     def run(self, target, prompt_ids, max_new_tokens, sampling, seed) -> PromptRun:
-        result = generate(target, prompt_ids, self.drafter(), max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)
+        result = generate(target, prompt_ids, self.drafter(), max_new_tokens=max_new_tokens, sampling=sampling,
+                          seed=seed, policy=self.policy)
         rss, peak = process_memory()
         return PromptRun(
             method=self.name,
@@ -113,6 +117,7 @@ class LoopMethod(Method):
             drafted_by_position=list(result.drafted_by_position),
             accepted_by_position=list(result.accepted_by_position),
             draft_memory_bytes=result.draft_memory_bytes,
+            draft_sources=dict(result.policy.get("draft_sources", {})),
             target_kv_bytes=cache_bytes(target.cache) if self.measure_target_kv else None,
             target_kv_tokens=target.cache_length if self.measure_target_kv else None,
             rss_bytes=rss,
@@ -182,8 +187,11 @@ class HFMethod(Method):
 BUILTIN_METHODS = ("plain", "hf-plain", "hf-prompt-lookup", "ngram")
 
 
-def build_methods(names, drafters: dict[str, str], target, pld_tokens: int = 10, ngram_block: int = 8) -> list[Method]:
-    """Methods by name, then one LoopMethod per trained drafter (NAME -> folder or 'default').
+def build_methods(names, drafters: dict[str, str], target, pld_tokens: int = 10, ngram_block: int = 8,
+                  make_policy: Callable[[], object] = lambda: None) -> list[Method]:
+    """Methods by name, then one LoopMethod per trained drafter (NAME -> folder or 'default'). 'default' is
+    what `generate --drafter default` runs: the shipped drafter with the n-gram lookup beside it (hybrid);
+    a folder is that drafter alone. Each speculative method gets its own policy from make_policy.
 
     Drafters load lazily (on first use) so a broken folder fails its own method, not the whole setup.
     """
@@ -194,7 +202,8 @@ def build_methods(names, drafters: dict[str, str], target, pld_tokens: int = 10,
         "plain": lambda: LoopMethod("plain", lambda: None, measure_target_kv=True),
         "hf-plain": lambda: HFMethod("hf-plain"),
         "hf-prompt-lookup": lambda: HFMethod("hf-prompt-lookup", prompt_lookup_tokens=pld_tokens),
-        "ngram": lambda: LoopMethod("ngram", lambda: build_drafter("ngram", target, block_size=ngram_block)),
+        "ngram": lambda: LoopMethod("ngram", lambda: build_drafter("ngram", target, block_size=ngram_block),
+                                    policy=make_policy()),
     }
     methods = []
     for name in names:
@@ -204,8 +213,19 @@ def build_methods(names, drafters: dict[str, str], target, pld_tokens: int = 10,
     for name, spec in drafters.items():
         if name in factories:
             raise HyflashError(f"drafter name {name!r} clashes with a built-in method: pick another name")
-        methods.append(LoopMethod(name, lambda spec=spec: build_drafter(_drafter_folder(spec, target), target)))
+        methods.append(LoopMethod(name, lambda spec=spec: _load_drafter(spec, target), policy=make_policy()))
     return methods
+
+
+def _load_drafter(spec: str, target):
+    from hyflash.cli import build_drafter
+
+    drafter = build_drafter(_drafter_folder(spec, target), target)
+    if spec == "default":
+        from hyflash.drafters.hybrid import HybridDrafter
+
+        drafter = HybridDrafter(drafter)
+    return drafter
 
 
 def drafter_identity(spec: str, target) -> dict:

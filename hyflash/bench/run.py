@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections import Counter
 import os
 import platform
 import time
@@ -34,7 +35,8 @@ PLAIN, HF_PLAIN, HF_PLD = "plain", "hf-plain", "hf-prompt-lookup"
 @dataclass
 class BenchConfig:
     model: str = "smollm2-135m"
-    dtype: str = "bfloat16"  # speed figures in bf16 (DESIGN section 2); greedy identity is checked in fp32 tests
+    dtype: str = "auto"  # auto: the fastest for speculation on this machine (calibration); or bfloat16 / float32
+    adaptive: bool = True  # draft length chosen per step from the cost curve (False: whole blocks)
     sets: tuple[str, ...] = tuple(SETS)
     n: int = 5  # prompts per set
     max_new_tokens: int = 128
@@ -120,6 +122,7 @@ def summarise(records: list[dict]) -> list[dict]:
             "acceptance_by_position": [a / d if d else 0.0 for a, d in zip(accepted, drafted)],
             "draft_share": sum(r["draft_time"] for r in rs) / decode if decode > 0 else float("nan"),
             "draft_memory_bytes": max(r["draft_memory_bytes"] for r in rs),
+            "draft_sources": dict(sum((Counter(r.get("draft_sources") or {}) for r in rs), Counter())),
             "target_kv_bytes": max(kv) if kv else None,
             "peak_rss_bytes": max(r["peak_rss_bytes"] for r in rs),
             "identical_to_plain": sum(bool(r.get("identical_to_plain")) for r in rs) if greedy else None,
@@ -148,13 +151,27 @@ def run_bench(
 
     if config.threads:
         torch.set_num_threads(config.threads)
+    from hyflash import engine
+    from hyflash.policy import PolicyConfig, SpeculationPolicy
+
     started = time.time()
-    target = target or Target.load(config.model, dtype=config.dtype)
-    methods = build_methods(config.methods, config.drafters, target, config.pld_tokens, config.ngram_block)
+    if target is None:
+        choice = engine.choose(config.model, config.dtype, with_drafter=True, calibrated=config.adaptive, log=log)
+        target = Target.load(config.model, dtype=choice.dtype)
+    else:  # a target handed in (tests): its dtype, and a flat cost curve unless one is cached
+        choice = engine.DtypeChoice(str(target.dtype).removeprefix("torch."), "the target given", None)
+    curve = choice.curve if config.adaptive else None
+
+    def make_policy():
+        return SpeculationPolicy(curve, PolicyConfig(adaptive=config.adaptive))
+
+    methods = build_methods(config.methods, config.drafters, target, config.pld_tokens, config.ngram_block,
+                            make_policy)
     results = {
         "meta": {
             "command": command, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "machine": machine_info(), "target": target.name, "config": asdict(config),
+            "machine": machine_info(), "target": target.name, "config": asdict(config), **choice.to_dict(),
+            "cost_curve": None if choice.curve is None else choice.curve.to_dict(),
         },
         "runs": [], "summary": [], "memory_sweep": {}, "errors": {},
     }

@@ -6,6 +6,8 @@ Life of a drafter during one generation:
                                        only verified tokens ever arrive, so state never needs rolling back
   draft(last_token, k, sampling, rng)  propose up to k tokens that follow `last_token`, a verified token the
                                        target has not processed yet (it sits at position = tokens ingested)
+  propose(..., expensive)              the drafts to choose from this step (one, or one per source for a
+                                       hybrid); expensive=False asks a costly drafter to sit the step out
   memory_bytes()                       draft-side memory held right now (caches, states, histories)
 """
 
@@ -23,6 +25,18 @@ from hyflash.sampling import SamplingConfig
 class Draft:
     tokens: torch.Tensor  # [k] long, k may be smaller than asked (even 0)
     probs: torch.Tensor | None = None  # [k, V] distributions the tokens were drawn from; None = deterministic
+    # Per-slot confidence in [0, 1] that the policy calibrates against observed acceptance. It must not
+    # depend on which token was sampled (only on the distributions), or choosing by it would bias sampling.
+    confidence: torch.Tensor | None = None
+    source: str = "drafter"  # which drafter proposed it (statistics and calibration are per source)
+    expensive: bool = False  # costly to produce: the policy backs off when its drafts do not pay
+
+    def confidence_or_default(self) -> torch.Tensor:
+        return self.confidence if self.confidence is not None else torch.full((len(self.tokens),), 0.5)
+
+    def truncated(self, k: int) -> "Draft":
+        cut = lambda t: None if t is None else t[:k]  # noqa: E731
+        return Draft(self.tokens[:k], cut(self.probs), cut(self.confidence), self.source, self.expensive)
 
 
 class Drafter(ABC):
@@ -42,3 +56,14 @@ class Drafter(ABC):
 
     @abstractmethod
     def memory_bytes(self) -> int: ...
+
+    def propose(
+        self, last_token: int, num_tokens: int, sampling: SamplingConfig, generator: torch.Generator | None,
+        expensive: bool = True,
+    ) -> list[Draft]:
+        """Candidate drafts for the policy; a drafter that costs real time skips when expensive is False."""
+        if not expensive and self.is_expensive:
+            return []
+        return [self.draft(last_token, num_tokens, sampling, generator)]
+
+    is_expensive: bool = True  # runs a network per draft (the n-gram lookup does not)

@@ -58,12 +58,16 @@ class DrafterModel(nn.Module):
             return self.target.embed(ids.to(self.target.device)).to(self.norm.weight)
 
     def _head_weight(self) -> torch.Tensor:
+        """The target's LM head rows of the draft vocabulary, in the drafter's dtype: a copy, kept while the
+        target's weights and the vocabulary are unchanged (it counts in the drafter's weight bytes)."""
         weight = self.target.model.get_output_embeddings().weight
-        if self.draft_vocab_ids is None:
+        if self.draft_vocab_ids is None and weight.dtype == self.dtype:
             return weight.detach()
-        key = (weight.data_ptr(), weight._version, self.draft_vocab_ids._version, weight.device)
+        key = (weight.data_ptr(), weight._version, None if self.draft_vocab_ids is None else
+               self.draft_vocab_ids._version, weight.device, self.dtype)
         if self._head_cache is None or self._head_cache[0] != key:
-            self._head_cache = (key, weight.detach()[self.draft_vocab_ids.to(weight.device)])
+            rows = weight.detach() if self.draft_vocab_ids is None else weight.detach()[self.draft_vocab_ids.to(weight.device)]
+            self._head_cache = (key, rows.to(self.dtype))
         return self._head_cache[1]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

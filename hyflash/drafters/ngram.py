@@ -14,6 +14,7 @@ from hyflash.sampling import SamplingConfig
 
 class NgramDrafter(Drafter):
     needs_features = False
+    is_expensive = False
 
     def __init__(self, block_size: int = 8, max_ngram: int = 3, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:
@@ -37,8 +38,11 @@ class NgramDrafter(Drafter):
             hits = (windows == suffix).all(-1).nonzero().flatten()
             if len(hits):
                 start = int(hits[-1]) + n  # the most recent match is usually the most relevant
-                return Draft(tokens=seq[start : start + num_tokens].clone())
-        return Draft(tokens=torch.empty(0, dtype=torch.long))
+                tokens = seq[start : start + num_tokens].clone()
+                # A longer matched suffix is a better bet; the policy calibrates what it is worth.
+                confidence = torch.full((len(tokens),), 1 - 0.6**n)
+                return Draft(tokens=tokens, confidence=confidence, source="ngram")
+        return Draft(tokens=torch.empty(0, dtype=torch.long), source="ngram")
 
     def memory_bytes(self) -> int:
         return self.history.numel() * self.history.element_size()

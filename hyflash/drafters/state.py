@@ -119,7 +119,10 @@ class DrafterState(Drafter):
         model = self.model
         logits = model.logits(self.block_hidden(last_token)[:num_tokens])  # [k, draft vocab]
         if sampling.greedy:
-            return Draft(tokens=model.to_target_ids(logits.argmax(-1)).cpu())
+            confidence = logits.softmax(-1).amax(-1)  # the argmax's probability: distribution-level
+            return Draft(tokens=model.to_target_ids(logits.argmax(-1)), confidence=confidence, expensive=True)
         probs = logits_to_probs(logits, sampling)
         picks = sample(probs, generator)
-        return Draft(tokens=model.to_target_ids(picks).cpu(), probs=model.to_full_vocab(probs).cpu())
+        # Everything stays on the model's device; the decoding loop moves what it verifies.
+        return Draft(tokens=model.to_target_ids(picks), probs=model.to_full_vocab(probs),
+                     confidence=probs.amax(-1), expensive=True)

@@ -44,7 +44,7 @@ class DataConfig:
     max_new_tokens: int = 192
     long_new_tokens: int = 128  # continuation length after a long prefix
     max_prompt_tokens: int = 768  # short prompts keep their last tokens
-    long_chars: int = 16000  # long prefixes: 1/2..1x this many characters (~2.3k-4.6k tokens)
+    long_chars: int = 16000  # long prefixes: 1/2..1x this many characters (~2.3k-4.6k tokens); 0 = none
     long_every: int = 64  # at most one long prompt per this many prompts (they are slow to generate)
     sampled_fraction: float = 0.3  # the rest is greedy (what greedy speculative decoding sees)
     temperature: float = 0.8
@@ -66,9 +66,10 @@ class DataConfig:
                 flag = "--" + name.replace("_", "-")
                 raise HyflashError(f"{flag} must be {rule}, got {getattr(self, name)!r}")
 
-        for name in ("num_prompts", "long_per_module", "multiturn_every", "prose_per_package", "long_every"):
+        for name in ("num_prompts", "long_per_module", "multiturn_every", "prose_per_package", "long_every",
+                     "long_chars"):
             check(name, getattr(self, name) >= 0, ">= 0" + (" (0 = every prompt)" if name == "num_prompts" else ""))
-        for name in ("max_new_tokens", "long_new_tokens", "max_prompt_tokens", "long_chars", "batch_size",
+        for name in ("max_new_tokens", "long_new_tokens", "max_prompt_tokens", "batch_size",
                      "long_batch_size", "shard_prompts", "per_module"):
             check(name, getattr(self, name) >= 1, ">= 1")
         check("sampled_fraction", 0.0 <= self.sampled_fraction <= 1.0, "between 0 and 1")

@@ -1,0 +1,263 @@
+"""Measure what speculation costs on this machine: the target's cached-pass cost curve and the drafter's step.
+
+Speculation pays only when verifying q tokens costs less than q plain steps would. How much less differs by
+machine and dtype (on a Zen 3 CPU without native bf16, a 16-token bf16 pass costs 7 plain steps; on a Xeon
+with AMX, 1.4), so nothing is assumed: `calibrate` times c(q) = one cached target pass over q tokens, q = 1..16,
+at a few context lengths, and the drafter's draft and ingest steps, for each dtype asked. Results are cached
+per machine (CPU model and flags, threads, torch and transformers versions, model, dtype), so it runs once.
+
+`hyflash calibrate` prints the table and draws the curves; `policy.py` turns them into decisions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from hyflash.errors import HyflashError
+
+FORMAT_VERSION = 1
+DEFAULT_CONTEXTS = (256, 1024)
+MAX_Q = 16
+
+
+@dataclass
+class CostCurve:
+    """Measured costs of one (model, dtype) on one machine, in milliseconds."""
+
+    model: str
+    dtype: str
+    contexts: list[int]
+    pass_ms: list[list[float]]  # pass_ms[i][q - 1]: one cached pass over q tokens at contexts[i]
+    draft_ms: float | None = None  # one drafter block (all slots), None without a drafter
+    ingest_ms: float | None = None  # drafter ingest of one verified token
+    machine: dict = field(default_factory=dict)
+
+    @property
+    def max_q(self) -> int:
+        return len(self.pass_ms[0])
+
+    def cost(self, q: int, context: int) -> float:
+        """c(q) at this context length: linear between measured contexts, flat beyond them."""
+        q = min(max(q, 1), self.max_q)
+        xs, ys = self.contexts, [row[q - 1] for row in self.pass_ms]
+        if context <= xs[0]:
+            return ys[0]
+        for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+            if context <= x1:
+                return y0 + (y1 - y0) * (context - x0) / (x1 - x0)
+        return ys[-1]
+
+    def relative(self, context: int) -> list[float]:
+        """c(q) / c(1) for q = 1..max_q: how many plain steps a q-token verification costs."""
+        base = self.cost(1, context)
+        return [self.cost(q, context) / base for q in range(1, self.max_q + 1)]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "CostCurve":
+        return cls(**data)
+
+
+def _cpu_description() -> tuple[str, str]:
+    """(CPU model name, sha256 of its flags): what makes a cost curve valid on another machine."""
+    model, flags = "", ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and not model:
+                model = value.strip()
+            if key.strip() in ("flags", "Features") and not flags:
+                flags = value.strip()
+    except OSError:
+        pass
+    return model or platform.processor() or platform.machine(), hashlib.sha256(flags.encode()).hexdigest()[:16]
+
+
+def physical_cores() -> int:
+    """Cores this process may run on, counting hyperthread siblings once: torch's best thread count for
+    decoding (a sibling shares the core's vector units, so a second thread on it only adds contention)."""
+    import os
+
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    cores, cpu, phys = set(), None, "0"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key, value = key.strip(), value.strip()
+            if key == "processor":
+                cpu = int(value)
+            elif key == "physical id":
+                phys = value
+            elif key == "core id" and cpu in allowed:
+                cores.add((phys, value))
+    except (OSError, ValueError):
+        pass
+    return max(1, min(len(cores) or len(allowed), len(allowed)))
+
+
+def machine_key(model: str, dtype: str) -> dict:
+    import transformers
+
+    cpu, flags = _cpu_description()
+    return {
+        "cpu": cpu,
+        "cpu_flags_sha256": flags,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": sys.version.split()[0],
+        "model": model,
+        "dtype": dtype,
+    }
+
+
+def cache_path(key: dict) -> Path:
+    from hyflash.targets import cache_root
+
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return cache_root() / "calibration" / f"{key['model'].replace('/', '_')}-{key['dtype']}-{digest}.json"
+
+
+def _median_ms(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def measure_target(target, contexts=DEFAULT_CONTEXTS, max_q: int = MAX_Q, reps: int = 3,
+                   features: bool = True) -> list[list[float]]:
+    """pass_ms[i][q-1] for q = 1..max_q at each context length (token ids are arbitrary: cost does not
+    depend on them). Features are recorded as in speculative decoding."""
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for context in contexts:
+        context = min(context, target.max_context - max_q - 1)
+        ids = torch.randint(0, target.vocab_size, (context + max_q,), generator=gen)
+        target.prefill(ids[:context], features=False)
+        target.score(ids[context : context + 2], features=features)  # warm-up: first calls pay one-off costs
+        target.rollback(context)
+        row = []
+        for q in range(1, max_q + 1):
+            block = ids[context : context + q]
+
+            def one_pass():
+                target.score(block, features=features)
+                target.rollback(context)
+
+            row.append(_median_ms(one_pass, reps))
+        rows.append(row)
+    target.reset()
+    return rows
+
+
+@torch.inference_mode()
+def measure_drafter(target, drafter, context: int = DEFAULT_CONTEXTS[0], reps: int = 5) -> tuple[float, float]:
+    """(ms per drafted block, ms per ingested token) of a drafter after `context` tokens of real features."""
+    from hyflash.sampling import SamplingConfig
+
+    ids = torch.randint(0, target.vocab_size, (context + 1,), generator=torch.Generator().manual_seed(1))
+    out = target.prefill(ids[:context], features=drafter.needs_features)
+    drafter.reset()
+    drafter.ingest(ids[:context], out.features)
+    greedy = SamplingConfig()
+    drafter.draft(int(ids[-1]), drafter.block_size - 1, greedy, None)  # warm-up
+    draft_ms = _median_ms(lambda: drafter.draft(int(ids[-1]), drafter.block_size - 1, greedy, None), reps)
+    one = None if out.features is None else out.features[-1:]
+    # Ingest grows the drafter's state; the cost of one token is what a verification step adds.
+    ingest_ms = _median_ms(lambda: drafter.ingest(ids[-1:], one), reps)
+    target.reset()
+    return draft_ms, ingest_ms
+
+
+def calibrate(model: str, dtype: str, drafter_spec: str | None = "default", contexts=DEFAULT_CONTEXTS,
+              reps: int = 3, use_cache: bool = True, target=None, announce=None) -> tuple[CostCurve, bool]:
+    """The cost curve of (model, dtype) on this machine: from the cache, else measured and cached.
+    Returns (curve, measured_now); `announce(line)` is told before a measurement starts."""
+    key = machine_key(model, dtype)
+    path = cache_path(key)
+    if use_cache and path.exists():
+        try:
+            data = json.loads(path.read_text())
+            if data.get("version") == FORMAT_VERSION and data["curve"]["machine"] == key:
+                return CostCurve.from_dict(data["curve"]), False
+        except (OSError, json.JSONDecodeError, KeyError, TypeError):
+            pass  # a corrupt cache entry is simply measured again
+    from hyflash.targets import Target
+
+    if announce:
+        announce(f"hyflash: measuring {model} in {dtype} on this machine (about 20 s, once) ...")
+    target = target or Target.load(model, dtype=dtype)
+    drafter = None
+    if drafter_spec:
+        from hyflash.cli import build_drafter
+
+        try:
+            drafter = build_drafter(drafter_spec, target, quiet=True)
+        except HyflashError:
+            drafter = None
+    pass_ms = measure_target(target, contexts, reps=reps, features=drafter is None or drafter.needs_features)
+    draft_ms = ingest_ms = None
+    if drafter is not None:
+        draft_ms, ingest_ms = measure_drafter(target, drafter, contexts[0])
+    curve = CostCurve(model, dtype, [int(c) for c in contexts], pass_ms, draft_ms, ingest_ms, key)
+    from hyflash.training.data import atomic_write_json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, {"version": FORMAT_VERSION, "curve": curve.to_dict()})
+    return curve, True
+
+
+def table(curves: list[CostCurve]) -> str:
+    """Markdown: c(q) in ms (and in plain steps) for q in a few columns, per dtype and context."""
+    qs = [q for q in (1, 2, 3, 4, 6, 8, 12, 16) if q <= min(c.max_q for c in curves)]
+    lines = ["| dtype | context | " + " | ".join(f"q={q}" for q in qs) + " | draft block | ingest/token |",
+             "|---|---|" + "---|" * len(qs) + "---|---|"]
+    for c in curves:
+        for context in c.contexts:
+            base = c.cost(1, context)
+            cells = [f"{c.cost(q, context):.1f} ms" + ("" if q == 1 else f" ({c.cost(q, context) / base:.2f}x)")
+                     for q in qs]
+            draft = "-" if c.draft_ms is None else f"{c.draft_ms:.1f} ms"
+            ingest = "-" if c.ingest_ms is None else f"{c.ingest_ms:.2f} ms"
+            lines.append(f"| {c.dtype} | {context} | " + " | ".join(cells) + f" | {draft} | {ingest} |")
+    return "\n".join(lines)
+
+
+def plot(curves: list[CostCurve], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    for c in curves:
+        for context in c.contexts:
+            qs = list(range(1, c.max_q + 1))
+            ax.plot(qs, [c.cost(q, context) for q in qs], marker="o", ms=3, label=f"{c.dtype}, context {context}")
+    ax.set_xlabel("tokens in one cached target pass (q)")
+    ax.set_ylabel("ms per pass")
+    cpu = curves[0].machine.get("cpu", "?") if curves else "?"
+    ax.set_title(f"{curves[0].model if curves else ''} on {cpu}, {curves[0].machine.get('threads', '?')} threads",
+                 fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,161 @@
+"""The speculation policy: which draft to verify and how much of it, decided from measured costs.
+
+The decoding loop asks three things and stays the same whatever the answers:
+  wants_draft()         run the (expensive) drafter this step at all? After steps where nothing was worth
+                        verifying, drafting backs off for 1, 2, 4 ... max_skip steps, then probes again
+  plan(candidates, n)   among the drafts proposed (a trained drafter's, the n-gram lookup's), the draft and
+                        length k in 0..len that maximise expected committed tokens per millisecond:
+                            (1 + sum_{j<=k} prod_{i<=j} a_i) / c(k + 1)
+                        with a_i the calibrated probability that slot i is accepted once reached, and c(q)
+                        the measured cost of a q-token target pass (calibration.py). k = 0 is a plain step.
+  observe(draft, n)     the target accepted n of the k verified drafts: update the calibration
+
+Lossless by construction: the choice depends only on the drafts' *distributions* (their per-slot maximum
+probability, never the probability of the token that was sampled) and on the past, so conditioned on the
+choice each draft token is still distributed as its q, and the rejection rule stays exact.
+
+`choose_dtype` picks the target dtype with the best expected throughput from the calibrated curves.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+from hyflash.calibration import CostCurve
+from hyflash.drafters.base import Draft
+
+
+@dataclass
+class PolicyConfig:
+    adaptive: bool = True  # False: verify every draft in full (a fixed chain of block_size - 1)
+    bins: int = 10  # confidence bins per draft source
+    prior_strength: float = 4.0  # pseudo-observations behind a bin's prior (its own confidence value)
+    max_skip: int = 8  # longest back-off of an expensive drafter, in steps
+    prior_acceptance: float = 0.6  # per-slot acceptance assumed by choose_dtype before anything is observed
+
+
+class AcceptanceCalibrator:
+    """P(slot accepted | slot reached) per (draft source, confidence bin): Beta counts whose prior mean is the
+    bin's confidence, so an unseen drafter is trusted as much as it trusts itself until evidence arrives."""
+
+    def __init__(self, bins: int = 10, prior_strength: float = 4.0):
+        self.bins, self.prior = bins, prior_strength
+        self.accepted: Counter = Counter()
+        self.reached: Counter = Counter()
+
+    def _bin(self, c: float) -> int:
+        return min(self.bins - 1, max(0, int(c * self.bins)))
+
+    def estimate(self, source: str, confidence: torch.Tensor) -> list[float]:
+        out = []
+        for c in confidence.tolist():
+            b = self._bin(c)
+            mean = (b + 0.5) / self.bins
+            out.append((self.accepted[source, b] + self.prior * mean) / (self.reached[source, b] + self.prior))
+        return out
+
+    def update(self, source: str, confidence: torch.Tensor, n_accepted: int) -> None:
+        """Slots 0..n_accepted were reached; the first n_accepted were accepted (the next, if any, rejected)."""
+        for j, c in enumerate(confidence.tolist()[: n_accepted + 1]):
+            b = self._bin(c)
+            self.reached[source, b] += 1
+            self.accepted[source, b] += int(j < n_accepted)
+
+
+def expected_committed(acceptance: list[float]) -> list[float]:
+    """E[tokens committed] when verifying the first k drafts, for k = 0..len: 1 + sum of survival products."""
+    out, survive = [1.0], 1.0
+    for a in acceptance:
+        survive *= a
+        out.append(out[-1] + survive)
+    return out
+
+
+@dataclass
+class SpeculationPolicy:
+    curve: CostCurve | None = None  # None: every pass costs the same, so longer is always better
+    config: PolicyConfig = field(default_factory=PolicyConfig)
+
+    def __post_init__(self) -> None:
+        self.calibrator = AcceptanceCalibrator(self.config.bins, self.config.prior_strength)
+        self.skip = self.skip_left = 0
+        self.sources: Counter = Counter()  # steps whose verified draft came from each source
+        self.lengths: Counter = Counter()  # verified draft length k -> steps
+
+    def start_run(self) -> None:
+        """A new generation: per-run statistics restart; what was learned about acceptance is kept."""
+        self.sources.clear()
+        self.lengths.clear()
+        self.skip = self.skip_left = 0
+
+    def pass_cost(self, q: int, context: int) -> float:
+        return 1.0 if self.curve is None else self.curve.cost(q, context)
+
+    def wants_draft(self) -> bool:
+        if self.skip_left > 0:
+            self.skip_left -= 1
+            return False
+        return True
+
+    def plan(self, candidates: list[Draft], context: int) -> Draft | None:
+        """The draft to verify, cut to its best length; None (a plain step) when no draft pays."""
+        best, best_k, best_rate = None, 0, 1.0 / self.pass_cost(1, context)
+        for draft in candidates:
+            k_max = len(draft.tokens)
+            if k_max == 0:
+                continue
+            if not self.config.adaptive:
+                return self._take(draft, k_max)
+            gains = expected_committed(self.calibrator.estimate(draft.source, draft.confidence_or_default()))
+            for k in range(1, k_max + 1):
+                rate = gains[k] / self.pass_cost(k + 1, context)
+                if rate > best_rate:
+                    best, best_k, best_rate = draft, k, rate
+        if any(len(d.tokens) and d.expensive for d in candidates):
+            # Drafted at a cost: back off when nothing it proposed was worth verifying.
+            nothing = best is None or not best.expensive
+            self.skip = min(max(1, 2 * self.skip), self.config.max_skip) if nothing else 0
+            self.skip_left = self.skip
+        if best is None:
+            self.lengths[0] += int(any(len(d.tokens) for d in candidates))  # a plain step by choice
+            return None
+        return self._take(best, best_k)
+
+    def _take(self, draft: Draft, k: int) -> Draft:
+        self.sources[draft.source] += 1
+        self.lengths[k] += 1
+        return draft.truncated(k)
+
+    def observe(self, draft: Draft | None, n_accepted: int) -> None:
+        if draft is not None and len(draft.tokens):
+            self.calibrator.update(draft.source, draft.confidence_or_default(), n_accepted)
+
+    def stats(self) -> dict:
+        return {"draft_sources": dict(self.sources), "draft_lengths": {int(k): v for k, v in sorted(self.lengths.items())}}
+
+
+def expected_rate(curve: CostCurve, acceptance: float, block: int, with_drafter: bool, context: int = 256) -> tuple[float, int]:
+    """(tokens per second, best k) expected on this curve for a drafter accepted at `acceptance` per slot."""
+    if not with_drafter:
+        return 1000.0 / curve.cost(1, context), 0
+    draft_ms = (curve.draft_ms or 0.0)
+    gains = expected_committed([acceptance] * (block - 1))
+    best = (1000.0 / (curve.cost(1, context) + draft_ms), 0)
+    for k in range(1, block):
+        ms = curve.cost(k + 1, context) + draft_ms + (curve.ingest_ms or 0.0) * gains[k]
+        best = max(best, (1000.0 * gains[k] / ms, k))
+    return best
+
+
+def choose_dtype(curves: dict[str, CostCurve], with_drafter: bool, block: int = 8,
+                 acceptance: float = PolicyConfig.prior_acceptance) -> tuple[str, str]:
+    """(dtype, why): the dtype with the best expected decoding throughput on this machine."""
+    rates = {d: expected_rate(c, acceptance, block, with_drafter) for d, c in curves.items()}
+    best = max(rates, key=lambda d: rates[d][0])
+    cpu = next(iter(curves.values())).machine.get("cpu", "this CPU")
+    parts = ", ".join(f"{d} {r:.1f} tok/s" + (f" (k={k})" if with_drafter else "") for d, (r, k) in rates.items())
+    what = f"speculative at {acceptance:.0%} per-slot acceptance" if with_drafter else "plain decoding"
+    return best, f"expected {what} on {cpu}: {parts}"

@@ -1,0 +1,157 @@
+"""The speculation policy and the machine calibration it reads: decisions, back-off, losslessness."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from drafters_for_tests import RandomDrafter
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hyflash.calibration import CostCurve, calibrate, measure_target
+from hyflash.decoding import generate
+from hyflash.drafters.base import Draft
+from hyflash.drafters.hybrid import HybridDrafter
+from hyflash.drafters.ngram import NgramDrafter
+from hyflash.drafters.oracle import TargetGreedyDrafter
+from hyflash.policy import AcceptanceCalibrator, PolicyConfig, SpeculationPolicy, choose_dtype, expected_committed
+from hyflash.sampling import SamplingConfig, verify_block
+
+
+def curve(costs, contexts=(0,), draft_ms=None, dtype="float32") -> CostCurve:
+    rows = [list(costs)] if not isinstance(costs[0], (list, tuple)) else [list(r) for r in costs]
+    return CostCurve("m", dtype, list(contexts), rows, draft_ms, 0.0, {"cpu": "test"})
+
+
+def draft(conf, source="drafter", expensive=True) -> Draft:
+    return Draft(torch.arange(len(conf)), confidence=torch.tensor(conf), source=source, expensive=expensive)
+
+
+def test_cost_curve_interpolates_between_contexts_and_clamps():
+    c = curve([[10, 20, 30], [30, 40, 50]], contexts=(100, 300))
+    assert c.cost(1, 50) == 10 and c.cost(1, 1000) == 30
+    assert c.cost(2, 200) == pytest.approx(30)
+    assert c.cost(99, 100) == 30  # past the measured block: the largest q
+    assert c.relative(100) == pytest.approx([1, 2, 3])
+
+
+def test_expected_committed_is_one_plus_survival_sums():
+    assert expected_committed([0.5, 0.5]) == pytest.approx([1, 1.5, 1.75])
+
+
+def test_calibrator_moves_from_prior_to_observed_rate():
+    cal = AcceptanceCalibrator(bins=10, prior_strength=4)
+    conf = torch.tensor([0.95])
+    assert cal.estimate("d", conf)[0] == pytest.approx(0.95)
+    for _ in range(200):  # a drafter that is confident but never right
+        cal.update("d", conf, 0)
+    assert cal.estimate("d", conf)[0] < 0.05
+    assert cal.estimate("other", conf)[0] == pytest.approx(0.95)  # per source
+
+
+def test_plan_verifies_nothing_when_no_length_pays():
+    steep = SpeculationPolicy(curve([10, 20, 30, 40]))  # every extra token costs a whole step
+    assert steep.plan([draft([0.55, 0.55, 0.55])], 0) is None
+    flat = SpeculationPolicy(curve([10, 10.5, 11, 11.5]))
+    assert len(flat.plan([draft([0.55, 0.55, 0.55])], 0).tokens) == 3
+    # In between: the confident head of a draft is verified, its doubtful tail is not.
+    mid = SpeculationPolicy(curve([10, 12, 17, 22]))
+    assert len(mid.plan([draft([0.95, 0.15, 0.15])], 0).tokens) == 1
+
+
+def test_plan_takes_the_draft_with_the_better_expected_rate_and_counts_sources():
+    policy = SpeculationPolicy(curve([10, 11, 12, 13, 14]))
+    chosen = policy.plan([draft([0.35] * 4), draft([0.95, 0.95], source="ngram", expensive=False)], 0)
+    assert chosen.source == "ngram" and len(chosen.tokens) == 2
+    assert policy.stats()["draft_sources"] == {"ngram": 1}
+
+
+def test_expensive_drafter_backs_off_doubling_and_recovers():
+    policy = SpeculationPolicy(curve([10, 15, 17, 18]), PolicyConfig(max_skip=4))
+    skipped = []
+    for _ in range(4):  # each step's draft is not worth verifying
+        assert policy.wants_draft()
+        assert policy.plan([draft([0.3, 0.3])], 0) is None
+        n = 0
+        while not policy.wants_draft():
+            n += 1
+        skipped.append(n)
+    assert skipped == [1, 2, 4, 4]
+    assert policy.plan([draft([0.99, 0.99])], 0) is not None  # a paying draft resets the back-off
+    assert policy.wants_draft()
+
+
+def test_cheap_drafts_never_trigger_back_off():
+    policy = SpeculationPolicy(curve([10, 30, 40, 50]))
+    policy.plan([draft([0.3], source="ngram", expensive=False)], 0)
+    assert policy.wants_draft()
+
+
+def test_fixed_chain_policy_verifies_everything():
+    policy = SpeculationPolicy(curve([10, 100, 200]), PolicyConfig(adaptive=False))
+    assert len(policy.plan([draft([0.01, 0.01])], 0).tokens) == 2
+
+
+def test_choose_dtype_follows_the_curves():
+    # Zen 3 shape: bf16 one-token step cheaper, multi-token passes much dearer (DESIGN §10 numbers).
+    fp32 = curve([50, 86, 86, 86, 86, 86, 86, 86], draft_ms=2.0)
+    bf16 = curve([34, 48, 70, 90, 105, 115, 125, 136], draft_ms=2.0, dtype="bfloat16")
+    assert choose_dtype({"float32": fp32, "bfloat16": bf16}, with_drafter=False)[0] == "bfloat16"
+    # A drafter accepted 90% per slot pays back the flat fp32 curve.
+    best, why = choose_dtype({"float32": fp32, "bfloat16": bf16}, with_drafter=True, acceptance=0.9)
+    assert best == "float32" and "tok/s" in why
+
+
+def test_measure_target_and_cache(llama_target, tmp_path, monkeypatch):
+    monkeypatch.setenv("HYFLASH_CACHE", str(tmp_path))
+    rows = measure_target(llama_target, contexts=(8, 32), max_q=4, reps=1)
+    assert len(rows) == 2 and all(len(r) == 4 and min(r) > 0 for r in rows)
+    first, measured = calibrate("tiny", "float32", drafter_spec=None, contexts=(8,), reps=1, target=llama_target)
+    again, measured_again = calibrate("tiny", "float32", drafter_spec=None, contexts=(8,), reps=1,
+                                      target=llama_target)
+    assert measured and not measured_again and again == first
+    files = list((tmp_path / "calibration").glob("*.json"))
+    assert len(files) == 1
+    data = json.loads(files[0].read_text())["curve"]
+    assert {"cpu", "cpu_flags_sha256", "threads", "torch", "transformers", "model", "dtype"} <= set(data["machine"])
+    torch.set_num_threads(2)  # another thread count is another machine key: measured afresh
+    try:
+        assert calibrate("tiny", "float32", drafter_spec=None, contexts=(8,), reps=1, target=llama_target)[1]
+    finally:
+        torch.set_num_threads(1)
+
+
+FAST = settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.mark.parametrize("family", ["llama_target", "gemma_target"])
+@FAST
+@given(prompt=st.lists(st.integers(0, 89), min_size=1, max_size=20), block=st.integers(2, 7),
+       max_new=st.integers(1, 25), costs=st.lists(st.floats(1, 5), min_size=7, max_size=7))
+def test_greedy_adaptive_and_hybrid_equal_plain(request, family, prompt, block, max_new, costs):
+    target = request.getfixturevalue(family)
+    plain = generate(target, prompt, None, max_new_tokens=max_new)
+    cost_curve = curve(sorted(costs))  # any increasing cost curve
+    drafters = [RandomDrafter(target.vocab_size, block_size=block), TargetGreedyDrafter(target.model, block),
+                HybridDrafter(RandomDrafter(target.vocab_size, block_size=block), NgramDrafter(block))]
+    for drafter in drafters:
+        spec = generate(target, prompt, drafter, max_new_tokens=max_new, policy=SpeculationPolicy(cost_curve))
+        assert spec.tokens == plain.tokens, type(drafter).__name__
+
+
+def test_hybrid_reports_which_source_won(llama_target):
+    prompt = [3, 4, 5, 6] * 6  # repetitive: the n-gram lookup should win
+    drafter = HybridDrafter(RandomDrafter(llama_target.vocab_size, block_size=5), NgramDrafter(5))
+    out = generate(llama_target, prompt, drafter, max_new_tokens=30, policy=SpeculationPolicy(curve([1, 1.1, 1.2, 1.3, 1.4])))
+    sources = out.policy["draft_sources"]
+    assert set(sources) <= {"ngram", "drafter"}
+    assert sources.get("ngram", 0) > sources.get("drafter", 0), sources
+
+
+def test_verify_block_refuses_tensors_on_two_devices():
+    p = torch.full((2, 4), 0.25)
+    with pytest.raises(ValueError, match="several devices"):
+        verify_block(p, torch.zeros(1, dtype=torch.long, device="meta"), None, SamplingConfig(temperature=1.0),
+                     torch.Generator())
