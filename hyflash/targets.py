@@ -1,7 +1,7 @@
 """Target adapter: any Hugging Face causal LM behind the few calls a drafter and a decoding loop need.
 
 Nothing here is model-specific. The adapter owns one key/value cache (batch 1) and exposes:
-  prefill(ids)   -> logits and hidden features for every prompt position
+  prefill(ids)   -> the last position's logits and hidden features for every prompt position
   score(ids)     -> the same for a block appended on top of the cache (one verification pass)
   rollback(n)    -> truncate the cache to n tokens (rejected draft tokens are forgotten)
 plus the frozen embedding and LM head that drafters share with the target.
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+from contextlib import nullcontext
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from transformers.utils import logging as hf_logging
 from hyflash.errors import HyflashError
 
 DEFAULT_MODEL = "smollm2-135m"
+PREFILL_CHUNK = 2048  # prompt tokens per prefill pass: bounds activation memory for long prompts
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
 
@@ -110,6 +112,48 @@ def default_feature_layers(num_layers: int, count: int = 5) -> tuple[int, ...]:
         return (last,)
     picks = torch.linspace(1, last, count).round().long().tolist()
     return tuple(sorted(set(int(i) for i in picks)))
+
+
+class FeatureRecorder:
+    """Records the target's features while it runs (e.g. inside `generate`), via forward hooks on the
+    feature layers: data generation gets the features of every token it writes for free, instead of a
+    second, teacher-forced pass (which costs about as much as the drafter's training step).
+
+    hidden_states[i] (the features' indexing) is the output of decoder layer i-1; index 0 is the embedding.
+    """
+
+    def __init__(self, target):
+        body = target.model.get_decoder()
+        self.modules = []
+        for i in target.feature_layers:
+            if i == 0:
+                self.modules.append(body.get_input_embeddings())
+            elif i == target.num_layers:
+                self.modules.append(body.norm)
+            else:
+                self.modules.append(body.layers[i - 1])
+        self.calls: list[list[torch.Tensor]] = [[] for _ in self.modules]
+        self.handles = []
+
+    def __enter__(self) -> "FeatureRecorder":
+        for j, module in enumerate(self.modules):
+            self.handles.append(module.register_forward_hook(self._hook(j)))
+        return self
+
+    def _hook(self, j: int):
+        def hook(module, args, output):
+            out = output[0] if isinstance(output, tuple) else output
+            self.calls[j].append(out.detach())
+
+        return hook
+
+    def __exit__(self, *exc) -> None:
+        for h in self.handles:
+            h.remove()
+
+    def features(self) -> torch.Tensor:
+        """[B, positions run, nF, H]: every forward call's positions, in order."""
+        return torch.stack([torch.cat(parts, dim=1) for parts in self.calls], dim=2)
 
 
 @dataclass
@@ -231,12 +275,20 @@ class Target:
         self.cache = DynamicCache()
 
     @torch.inference_mode()
-    def prefill(self, ids, features: bool = True) -> TargetOutput:
-        """Start a new sequence: reset the cache and run the prompt."""
+    def prefill(self, ids, features: bool = True, chunk: int = PREFILL_CHUNK) -> TargetOutput:
+        """Start a new sequence: reset the cache and run the prompt, `chunk` tokens per pass.
+
+        Only the last position's logits are returned ([1, V]): nothing reads the others, and for a long prompt
+        they would be most of the memory (7.5k positions x 49k vocabulary x 4 bytes = 1.5 GB for SmolLM2).
+        Chunking bounds the activations of one pass whatever the prompt length; features cover every position.
+        """
         self.reset()
         ids = torch.as_tensor(ids, dtype=torch.long, device=self.device)
         self.check_prompt_length(ids.shape[-1])
-        return self._forward(ids, features)
+        parts = [self._forward(ids[i : i + chunk], features, last_logits_only=True)
+                 for i in range(0, ids.shape[-1], chunk)]
+        feats = None if not features else torch.cat([p.features for p in parts])
+        return TargetOutput(logits=parts[-1].logits, features=feats)
 
     @torch.inference_mode()
     def score(self, ids, features: bool = True) -> TargetOutput:
@@ -254,22 +306,16 @@ class Target:
         if length < current:
             self.cache.crop(length - current)  # transformers 5: a negative count removes that many tokens
 
-    def _forward(self, ids: torch.Tensor, features: bool) -> TargetOutput:
-        out = self.model(
-            input_ids=ids.view(1, -1),
-            cache=self.cache,
-            use_cache=True,
-            output_hidden_states=features,
-        )
+    def _forward(self, ids: torch.Tensor, features: bool, last_logits_only: bool = False) -> TargetOutput:
+        # Hooks keep only the feature layers (output_hidden_states would keep all of them).
+        recorder = FeatureRecorder(self) if features else nullcontext()
+        with recorder:
+            out = self.model(
+                input_ids=ids.view(1, -1),
+                cache=self.cache,
+                use_cache=True,
+                logits_to_keep=1 if last_logits_only else 0,
+            )
         self.cache = out.cache
-        feats = None
-        if features:
-            feats = torch.stack([out.hidden_states[i][0] for i in self.feature_layers], dim=1)
+        feats = recorder.features()[0] if features else None
         return TargetOutput(logits=out.logits[0].float(), features=feats)
-
-    @torch.inference_mode()
-    def teacher_forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> TargetOutput:
-        """Uncached batched pass for training data: logits [B, T, V] and features [B, T, n, H]."""
-        out = self.model(input_ids=ids, attention_mask=attention_mask, use_cache=False, output_hidden_states=True)
-        feats = torch.stack([out.hidden_states[i] for i in self.feature_layers], dim=2)
-        return TargetOutput(logits=out.logits.float(), features=feats)

@@ -97,5 +97,21 @@ def test_rollback_is_exact(llama_target, gemma_target):
         assert target.cache_length == len(prompt) + 2
         after = target.score(tail)
         fresh = target.prefill(torch.cat([prompt, block[:2], tail]))
-        torch.testing.assert_close(after.logits, fresh.logits[-4:], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(after.logits[-1:], fresh.logits, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(after.features, fresh.features[-4:], atol=1e-5, rtol=1e-5)
+
+
+def test_prefill_keeps_one_logits_row_and_chunks_exactly(llama_target, gemma_target):
+    """Long prompts: only the last position's logits are materialised, and a prompt run in chunks (across
+    Gemma's sliding window of 8) gives the same logits, features and cache as one pass."""
+    for target in (llama_target, gemma_target):
+        prompt = torch.randint(0, 90, (23,), generator=torch.Generator().manual_seed(1))
+        whole = target.prefill(prompt, chunk=1000)
+        assert whole.logits.shape == (1, target.vocab_size)
+        next_whole = target.score(torch.tensor([5, 6]))
+        chunked = target.prefill(prompt, chunk=5)
+        next_chunked = target.score(torch.tensor([5, 6]))
+        torch.testing.assert_close(chunked.logits, whole.logits, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(chunked.features, whole.features, atol=1e-5, rtol=1e-5)
+        assert chunked.features.shape[0] == len(prompt)
+        torch.testing.assert_close(next_chunked.logits, next_whole.logits, atol=1e-5, rtol=1e-5)

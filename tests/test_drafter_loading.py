@@ -132,3 +132,22 @@ def test_untrained_drafters_on_the_real_model(smollm2_fp32, tmp_path):
         assert main(["drafter", "new", "--kind", kind, "--window", "16", "--out", str(out)]) == 0
         spec = generate(smollm2_fp32, prompt, load_drafter_for_target(out, smollm2_fp32), max_new_tokens=12)
         assert spec.tokens == plain.tokens, kind
+
+
+def test_int8_drafter_is_cheaper_close_and_lossless(llama_target, saved):
+    """CPU inference quantises the drafter's weights (never the target's): its logits stay close to the float
+    drafter's, its weights shrink, and greedy output is still exactly plain decoding."""
+    _, path = saved
+    exact = load_drafter_for_target(path, llama_target, int8=False)
+    int8 = load_drafter_for_target(path, llama_target, int8=True)
+    assert int8.model.int8_head is not None and exact.model.int8_head is None
+    prompt = list(range(3, 40))
+    out = llama_target.prefill(torch.tensor(prompt))
+    for state in (exact, int8):
+        state.reset()
+        state.ingest(torch.tensor(prompt), out.features)
+    h_exact, h_int8 = exact.block_hidden(7), int8.block_hidden(7)
+    l_exact, l_int8 = exact.model.logits(h_exact), int8.model.logits(h_int8)
+    assert (l_exact - l_int8).abs().max() < 0.1 * l_exact.abs().max()
+    plain = generate(llama_target, prompt, None, max_new_tokens=20)
+    assert generate(llama_target, prompt, int8, max_new_tokens=20).tokens == plain.tokens

@@ -41,8 +41,8 @@ def markdown_table(results: dict) -> str:
             f"### Temperature {temperature:g}" + (" (greedy)" if greedy else ""),
             "",
             "| set | prompt tok | method | τ | tok/s | × plain | × HF plain | × HF prompt lookup | draft share "
-            "| draft memory | accept@1..4 |" + (" = plain |" if greedy else ""),
-            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|" + ("---:|" if greedy else ""),
+            "| draft memory | accept@1..4 | drafts verified by source |" + (" = plain |" if greedy else ""),
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|" + ("---:|" if greedy else ""),
         ]
         for r in (r for r in rows if r["temperature"] == temperature):
             accept = " ".join(f"{a:.2f}" for a in r["acceptance_by_position"][:4]) or "–"
@@ -51,10 +51,16 @@ def markdown_table(results: dict) -> str:
                 _num(r["tokens_per_second"], ".1f"), _num(r["speedup"], ".2f"), _num(r["speedup_vs_hf_plain"], ".2f"),
                 _num(r["speedup_vs_hf_pld"], ".2f"), _num(r["draft_share"], ".0%"),
                 human_bytes(r["draft_memory_bytes"]), accept,
+                ", ".join(f"{k} {v}" for k, v in sorted((r.get("draft_sources") or {}).items())) or "–",
             ]
             if greedy:
                 cells.append(f"{r['identical_to_plain']}/{r['prompts']}")
             lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    meta = results.get("meta", {})
+    if meta.get("dtype"):
+        lines.append(f"Target dtype: {meta['dtype']} ({meta.get('dtype_reason', '')}); draft length "
+                     f"{'adaptive (policy.py)' if meta.get('config', {}).get('adaptive', True) else 'whole blocks'}.")
         lines.append("")
     peak = max((r["peak_rss_bytes"] for r in rows), default=None)
     lines.append(f"Peak process RSS over the run: {human_bytes(peak)} (the whole process -- target, every drafter, "

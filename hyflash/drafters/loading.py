@@ -98,9 +98,15 @@ def inference_dtype(target) -> torch.dtype:
     return torch.float32 if target.device.type == "cpu" else target.dtype
 
 
-def load_drafter_for_target(path, target):
-    """The inference-time drafter stored at `path`, checked against `target` (used by `generate --drafter`)."""
+def load_drafter_for_target(path, target, int8: bool | None = None):
+    """The inference-time drafter stored at `path`, checked against `target` (used by `generate --drafter`).
+
+    int8 (default: on CPUs) quantises the drafter's weights, never the target's: drafts get cheaper, the
+    output stays exactly the target's."""
     from hyflash.drafters.model import DrafterModel
     from hyflash.drafters.state import DrafterState
 
-    return DrafterState(DrafterModel.from_pretrained(path, target, dtype=inference_dtype(target)))
+    model = DrafterModel.from_pretrained(path, target, dtype=inference_dtype(target))
+    if int8 if int8 is not None else target.device.type == "cpu":
+        model.quantize_int8()
+    return DrafterState(model)

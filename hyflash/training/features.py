@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from hyflash.errors import HyflashError
+from hyflash.targets import FeatureRecorder  # noqa: F401 - re-exported: training code records with it
 
 
 def slot_positions(anchors: torch.Tensor, slots: int) -> torch.Tensor:
@@ -76,48 +77,6 @@ def teacher_features(
     hidden = out.last_hidden_state.flatten(0, 1)[unique]
     logits = head_logits(target, hidden, vocab_ids)
     return feats, logits[inverse].view(*logit_positions.shape, -1)
-
-
-class FeatureRecorder:
-    """Records the target's features while it runs (e.g. inside `generate`), via forward hooks on the
-    feature layers: data generation gets the features of every token it writes for free, instead of a
-    second, teacher-forced pass (which costs about as much as the drafter's training step).
-
-    hidden_states[i] (the features' indexing) is the output of decoder layer i-1; index 0 is the embedding.
-    """
-
-    def __init__(self, target):
-        body = target.model.get_decoder()
-        self.modules = []
-        for i in target.feature_layers:
-            if i == 0:
-                self.modules.append(body.get_input_embeddings())
-            elif i == target.num_layers:
-                self.modules.append(body.norm)
-            else:
-                self.modules.append(body.layers[i - 1])
-        self.calls: list[list[torch.Tensor]] = [[] for _ in self.modules]
-        self.handles = []
-
-    def __enter__(self) -> "FeatureRecorder":
-        for j, module in enumerate(self.modules):
-            self.handles.append(module.register_forward_hook(self._hook(j)))
-        return self
-
-    def _hook(self, j: int):
-        def hook(module, args, output):
-            out = output[0] if isinstance(output, tuple) else output
-            self.calls[j].append(out.detach())
-
-        return hook
-
-    def __exit__(self, *exc) -> None:
-        for h in self.handles:
-            h.remove()
-
-    def features(self) -> torch.Tensor:
-        """[B, positions run, nF, H]: every forward call's positions, in order."""
-        return torch.stack([torch.cat(parts, dim=1) for parts in self.calls], dim=2)
 
 
 class FeatureCache:
