@@ -55,6 +55,17 @@ def add_engine_args(p) -> None:
                    help="auto (default): the fastest on this machine, from its calibration (`hyflash calibrate`)")
     p.add_argument("--no-adaptive", dest="adaptive", action="store_false",
                    help="verify every draft in full instead of choosing the draft length from measured costs")
+    p.add_argument("--tree", type=tree_budget, default=0, metavar="N|auto",
+                   help="verify a draft tree of up to N nodes in one pass (0 = a chain, the default; auto = the "
+                        "best size up to 15 from the cost curve)")
+
+
+def tree_budget(text: str) -> int:
+    if text == "auto":
+        return -1
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"--tree wants a node count >= 0 or 'auto', got {text!r}")
+    return int(text)
 
 
 def _add_generate(sub) -> None:
@@ -84,7 +95,7 @@ def cmd_generate(args) -> int:
         raise HyflashError("the prompt is empty: pass some text with --prompt")
     from hyflash import engine
 
-    target, drafter, policy, choice = engine.load(args.model, args.dtype, args.drafter, args.adaptive)
+    target, drafter, policy, choice = engine.load(args.model, args.dtype, args.drafter, args.adaptive, args.tree)
     prompt_ids = target.encode_prompt(args.prompt, chat=False if args.no_chat else None)
 
     streamed: list[int] = []
@@ -110,7 +121,7 @@ def cmd_generate(args) -> int:
     )
     if args.json:
         out = result.to_dict()
-        out.update(model=args.model, drafter=args.drafter, prompt=args.prompt, adaptive=args.adaptive,
+        out.update(model=args.model, drafter=args.drafter, prompt=args.prompt, adaptive=args.adaptive, tree=args.tree,
                    **choice.to_dict())
         print(json.dumps(out))
     else:

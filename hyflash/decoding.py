@@ -18,10 +18,11 @@ from typing import Callable
 
 import torch
 
-from hyflash.drafters.base import Drafter
+from hyflash.drafters.base import Draft, Drafter
 from hyflash.policy import SpeculationPolicy
 from hyflash.sampling import SamplingConfig, logits_to_probs, sample, verify_block
 from hyflash.targets import Target
+from hyflash.tree import DraftTree, verify_tree
 
 
 @dataclass
@@ -74,6 +75,29 @@ def _record_acceptance(result: GenerationResult, drafted: int, accepted: int) ->
         result.accepted_by_position[k] += int(k < accepted)
 
 
+def _depth(plan: Draft | DraftTree | None) -> int:
+    if plan is None:
+        return 0
+    return max(plan.depths, default=0) if isinstance(plan, DraftTree) else len(plan.tokens)
+
+
+def _verify(target: Target, next_token: int, plan, sampling: SamplingConfig, generator, features: bool):
+    """One target pass over [next_token] + the plan's tokens. Returns (block, scored, accepted draft tokens,
+    indices of the block to keep (0 = next_token), the correction or bonus token)."""
+    device = target.device
+    if isinstance(plan, DraftTree):
+        block = torch.tensor([next_token] + plan.tokens, device=device)
+        scored = target.score(block, features=features, tree=(plan.ancestor_mask(), plan.position_offsets()))
+        path, nxt = verify_tree(plan, logits_to_probs(scored.logits, sampling), sampling.greedy, generator)
+        return block, scored, [plan.tokens[i] for i in path], [0] + [1 + i for i in path], nxt
+    tokens = plan.tokens.to(device) if plan is not None else torch.empty(0, dtype=torch.long, device=device)
+    q = None if plan is None or plan.probs is None else plan.probs.to(device)
+    block = torch.cat([torch.tensor([next_token], device=device), tokens])
+    scored = target.score(block, features=features)
+    n, nxt = verify_block(logits_to_probs(scored.logits, sampling), tokens, q, sampling, generator)
+    return block, scored, tokens[:n].tolist(), list(range(n + 1)), nxt
+
+
 def generate(
     target: Target,
     prompt_ids: list[int] | torch.Tensor,
@@ -119,28 +143,24 @@ def generate(
         room = min(max_new_tokens - len(committed), target.max_context - target.cache_length) - 1
         position = target.cache_length  # where next_token sits
         t0 = time.perf_counter()
-        draft = None
+        plan = None  # a chain Draft, a DraftTree, or None (a plain step)
         if drafter is not None and room > 0:
             k_max = min(drafter.block_size - 1, room)
             candidates = drafter.propose(next_token, k_max, sampling, generator, expensive=policy.wants_draft())
-            draft = policy.plan(candidates, position)
-        draft_tokens = draft.tokens.to(device) if draft is not None else torch.empty(0, dtype=torch.long, device=device)
-        draft_probs = None if draft is None or draft.probs is None else draft.probs.to(device)
+            plan = policy.plan(candidates, position)
         t1 = time.perf_counter()
 
-        block = torch.cat([torch.tensor([next_token], device=device), draft_tokens])
-        scored = target.score(block, features=want_features)
-        target_probs = logits_to_probs(scored.logits, sampling)
-        n_accepted, next_token = verify_block(target_probs, draft_tokens, draft_probs, sampling, generator)
-        target.rollback(position + 1 + n_accepted)
-        policy.observe(draft, n_accepted)
+        block, scored, accepted, kept, next_token = _verify(target, next_token, plan, sampling, generator, want_features)
+        target.keep(position, kept)  # the cache keeps the root and the accepted path only
+        n_accepted = len(accepted)
+        policy.observe(plan, n_accepted)
         t2 = time.perf_counter()
         if drafter is not None:
-            verified_features = None if scored.features is None else scored.features[: 1 + n_accepted]
-            drafter.ingest(block[: 1 + n_accepted], verified_features)
+            verified_features = None if scored.features is None else scored.features[kept]
+            drafter.ingest(block[kept], verified_features)
         t3 = time.perf_counter()
 
-        new = draft_tokens[:n_accepted].tolist() + [next_token]
+        new = accepted + [next_token]
         if stop_at_eos:
             for i, tok in enumerate(new):
                 if tok in target.eos_token_ids:
@@ -151,7 +171,7 @@ def generate(
         committed.extend(new)
         result.target_passes += 1
         result.committed_per_pass.append(len(new))
-        _record_acceptance(result, len(draft_tokens), n_accepted)
+        _record_acceptance(result, _depth(plan), n_accepted)
         result.draft_time += (t1 - t0) + (t3 - t2)
         result.verify_time += t2 - t1
         if on_tokens:

@@ -54,7 +54,7 @@ def choose(model: str, dtype: str, with_drafter: bool, block: int = 8, calibrate
     return DtypeChoice(best, why, curves[best])
 
 
-def load(model: str, dtype: str = "auto", drafter: str = "default", adaptive: bool = True,
+def load(model: str, dtype: str = "auto", drafter: str = "default", adaptive: bool = True, tree: int = 0,
          log: Callable[[str], None] = _stderr):
     """(target, drafter or None, policy, DtypeChoice) ready for `decoding.generate`."""
     from hyflash.cli import build_drafter
@@ -63,5 +63,5 @@ def load(model: str, dtype: str = "auto", drafter: str = "default", adaptive: bo
     choice = choose(model, dtype, with_drafter=drafter != "none", calibrated=adaptive, log=log)
     target = Target.load(model, dtype=choice.dtype)
     built = build_drafter(drafter, target)
-    policy = SpeculationPolicy(choice.curve if adaptive else None, PolicyConfig(adaptive=adaptive))
+    policy = SpeculationPolicy(choice.curve if adaptive else None, PolicyConfig(adaptive=adaptive, tree=tree))
     return target, built, policy, choice

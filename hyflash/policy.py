@@ -35,6 +35,7 @@ class PolicyConfig:
     prior_strength: float = 4.0  # pseudo-observations behind a bin's prior (its own confidence value)
     max_skip: int = 8  # longest back-off of an expensive drafter, in steps
     prior_acceptance: float = 0.6  # per-slot acceptance assumed by choose_dtype before anything is observed
+    tree: int = 0  # draft tree node budget: 0 = a chain; -1 = the best budget up to 15 from the cost curve
 
 
 class AcceptanceCalibrator:
@@ -100,8 +101,11 @@ class SpeculationPolicy:
             return False
         return True
 
-    def plan(self, candidates: list[Draft], context: int) -> Draft | None:
-        """The draft to verify, cut to its best length; None (a plain step) when no draft pays."""
+    def plan(self, candidates: list[Draft], context: int):
+        """The draft to verify, cut to its best length (or a DraftTree, in tree mode); None (a plain step)
+        when nothing pays."""
+        if self.config.tree and any(d.slot_probs is not None and len(d.tokens) for d in candidates):
+            return self.plan_tree(candidates, context)
         best, best_k, best_rate = None, 0, 1.0 / self.pass_cost(1, context)
         for draft in candidates:
             k_max = len(draft.tokens)
@@ -124,14 +128,54 @@ class SpeculationPolicy:
             return None
         return self._take(best, best_k)
 
+    def plan_tree(self, candidates: list[Draft], context: int):
+        """A best-first tree from the block drafter's slot distributions with the other drafts' chains merged
+        in; cut to the node count that maximises expected committed tokens per ms (or to the fixed budget).
+        A node's expected value is its path probability, each slot's drafter probability rescaled by that
+        slot's calibrated acceptance over its confidence (so an over-confident drafter is discounted)."""
+        from hyflash.tree import DraftTree, build_tree
+
+        block = next(d for d in candidates if d.slot_probs is not None and len(d.tokens))
+        chains = [d for d in candidates if d.slot_probs is None and len(d.tokens)]
+        budget = self.config.tree if self.config.tree > 0 else 15
+        tree = build_tree(block.slot_probs.float().cpu(), budget, None if block.vocab_ids is None else block.vocab_ids.cpu(),
+                          chains=[c.tokens.tolist() for c in chains])
+        conf = block.confidence_or_default()
+        scale = [a / max(c, 1e-6) for a, c in zip(self.calibrator.estimate(block.source, conf), conf.tolist())]
+        chain_tokens = {}
+        for c in chains:  # n-gram nodes: their calibrated acceptance, per depth
+            est = self.calibrator.estimate(c.source, c.confidence_or_default())
+            for depth, (tok, a) in enumerate(zip(c.tokens.tolist(), est)):
+                chain_tokens[depth, tok] = max(chain_tokens.get((depth, tok), 0.0), a)
+        lookup = {} if block.vocab_ids is None else {int(t): i for i, t in enumerate(block.vocab_ids.tolist())}
+        value, cum = [], [0.0]
+        for i, (tok, parent, depth) in enumerate(zip(tree.tokens, tree.parents, tree.depths)):
+            j = lookup.get(tok) if lookup else tok
+            p = 0.0 if j is None else float(block.slot_probs[depth - 1, j]) * scale[depth - 1]
+            p = min(1.0, max(p, chain_tokens.get((depth - 1, tok), 0.0)))
+            value.append(p * (1.0 if parent == -1 else value[parent]))
+            cum.append(cum[-1] + value[-1])
+        if self.config.tree > 0:
+            n = len(tree)
+        else:
+            n = max(range(len(tree) + 1), key=lambda m: (1 + cum[m]) / self.pass_cost(m + 1, context))
+        self.lengths[n] += 1
+        if n == 0:
+            return None
+        self.sources["tree"] += 1
+        return DraftTree(tree.tokens[:n], tree.parents[:n], tree.depths[:n], source=block.source,
+                         confidence=conf)
+
     def _take(self, draft: Draft, k: int) -> Draft:
         self.sources[draft.source] += 1
         self.lengths[k] += 1
         return draft.truncated(k)
 
-    def observe(self, draft: Draft | None, n_accepted: int) -> None:
+    def observe(self, draft, n_accepted: int) -> None:
+        """Update the calibration (a tree counts as its source's chain reaching depth n_accepted: a slight
+        over-estimate, since a tree's alternatives make each depth likelier to be reached)."""
         if draft is not None and len(draft.tokens):
-            self.calibrator.update(draft.source, draft.confidence_or_default(), n_accepted)
+            self.calibrator.update(draft.source, draft.confidence_or_default()[: n_accepted + 1], n_accepted)
 
     def stats(self) -> dict:
         return {"draft_sources": dict(self.sources), "draft_lengths": {int(k): v for k, v in sorted(self.lengths.items())}}

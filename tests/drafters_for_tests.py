@@ -39,3 +39,31 @@ class RandomDrafter(Drafter):
 
     def memory_bytes(self) -> int:
         return 0
+
+
+class RandomBlockDrafter(Drafter):
+    """A block drafter with fresh random per-slot distributions each step (drawn from its own generator, not
+    the decoding loop's): exercises draft trees. Greedy drafts are each slot's argmax; sampled drafts are
+    drawn from the slot distributions, which it reports."""
+
+    needs_features = True
+
+    def __init__(self, vocab_size: int, block_size: int = 5, seed: int = 5, sharpness: float = 3.0):
+        self.vocab_size, self.block_size, self.sharpness = vocab_size, block_size, sharpness
+        self.rng = torch.Generator().manual_seed(seed)
+
+    def reset(self) -> None:
+        pass
+
+    def ingest(self, tokens, features) -> None:
+        assert features is not None and features.shape[0] == tokens.shape[0]
+
+    def draft(self, last_token: int, num_tokens: int, sampling: SamplingConfig, generator) -> Draft:
+        logits = torch.randn(num_tokens, self.vocab_size, generator=self.rng) * self.sharpness
+        probs = logits.softmax(-1) if sampling.greedy else logits_to_probs(logits, sampling)
+        tokens = probs.argmax(-1) if sampling.greedy else sample(probs, generator)
+        return Draft(tokens=tokens, probs=None if sampling.greedy else probs, confidence=probs.amax(-1),
+                     expensive=True, slot_probs=probs)
+
+    def memory_bytes(self) -> int:
+        return 0

@@ -31,6 +31,8 @@ def add_cli(sub) -> None:
     from hyflash.cli import add_engine_args
 
     add_engine_args(p)
+    p.add_argument("--trees", type=lambda s: tuple(-1 if x == "auto" else int(x) for x in _csv(s)), default=(),
+                   help="comma list of tree budgets: every trained drafter runs once per budget (overrides --tree)")
     p.add_argument("--sets", type=_csv, default=tuple(SETS), help=f"comma list from: {', '.join(SETS)}")
     p.add_argument("--n", type=int, default=5, help="prompts per set (deterministic selection)")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -72,7 +74,8 @@ def cmd_bench(args) -> int:
     from hyflash.bench.run import BenchConfig, quick, run_bench
 
     config = BenchConfig(
-        model=args.model, dtype=args.dtype, adaptive=args.adaptive, sets=args.sets, n=args.n, max_new_tokens=args.max_new_tokens,
+        model=args.model, dtype=args.dtype, adaptive=args.adaptive,
+        trees=args.trees if args.trees else (args.tree,), sets=args.sets, n=args.n, max_new_tokens=args.max_new_tokens,
         temperatures=args.temperatures, methods=args.methods, drafters=dict(parse_drafter(d) for d in args.drafter),
         pld_tokens=args.pld_tokens, ngram_block=args.ngram_block, seed=args.seed,
         memory_contexts=args.memory_contexts, sweep_kinds=args.sweep_kinds, sweep_depths=args.sweep_depths,

@@ -188,7 +188,7 @@ BUILTIN_METHODS = ("plain", "hf-plain", "hf-prompt-lookup", "ngram")
 
 
 def build_methods(names, drafters: dict[str, str], target, pld_tokens: int = 10, ngram_block: int = 8,
-                  make_policy: Callable[[], object] = lambda: None) -> list[Method]:
+                  make_policy: Callable[..., object] = lambda tree=0: None, trees=(0,)) -> list[Method]:
     """Methods by name, then one LoopMethod per trained drafter (NAME -> folder or 'default'). 'default' is
     what `generate --drafter default` runs: the shipped drafter with the n-gram lookup beside it (hybrid);
     a folder is that drafter alone. Each speculative method gets its own policy from make_policy.
@@ -213,7 +213,9 @@ def build_methods(names, drafters: dict[str, str], target, pld_tokens: int = 10,
     for name, spec in drafters.items():
         if name in factories:
             raise HyflashError(f"drafter name {name!r} clashes with a built-in method: pick another name")
-        methods.append(LoopMethod(name, lambda spec=spec: _load_drafter(spec, target), policy=make_policy()))
+        for tree in trees:  # one method per tree budget; the chain keeps the plain name
+            label = name if tree == 0 else f"{name}@t{'auto' if tree < 0 else tree}"
+            methods.append(LoopMethod(label, lambda spec=spec: _load_drafter(spec, target), policy=make_policy(tree)))
     return methods
 
 

@@ -37,6 +37,7 @@ class BenchConfig:
     model: str = "smollm2-135m"
     dtype: str = "auto"  # auto: the fastest for speculation on this machine (calibration); or bfloat16 / float32
     adaptive: bool = True  # draft length chosen per step from the cost curve (False: whole blocks)
+    trees: tuple[int, ...] = (0,)  # tree budgets; each trained drafter runs once per budget ("NAME@tN")
     sets: tuple[str, ...] = tuple(SETS)
     n: int = 5  # prompts per set
     max_new_tokens: int = 128
@@ -162,11 +163,11 @@ def run_bench(
         choice = engine.DtypeChoice(str(target.dtype).removeprefix("torch."), "the target given", None)
     curve = choice.curve if config.adaptive else None
 
-    def make_policy():
-        return SpeculationPolicy(curve, PolicyConfig(adaptive=config.adaptive))
+    def make_policy(tree: int = 0):
+        return SpeculationPolicy(curve, PolicyConfig(adaptive=config.adaptive, tree=tree))
 
     methods = build_methods(config.methods, config.drafters, target, config.pld_tokens, config.ngram_block,
-                            make_policy)
+                            make_policy, config.trees)
     results = {
         "meta": {
             "command": command, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -188,7 +189,8 @@ def run_bench(
     prompts = {name: load_set(name, target, config.n, config.max_new_tokens) for name in config.sets}
     methods = _warm_up(methods, target, next(iter(prompts.values()))[0].ids, results["errors"], log)
     kept = {m.name for m in methods}
-    results["meta"]["drafters"] = {n: drafter_identity(s, target) for n, s in config.drafters.items() if n in kept}
+    results["meta"]["drafters"] = {n: drafter_identity(s, target) for n, s in config.drafters.items()
+                                  if any(k == n or k.startswith(f"{n}@t") for k in kept)}
 
     for temperature in config.temperatures:
         sampling = SamplingConfig(temperature=temperature)

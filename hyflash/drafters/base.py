@@ -30,13 +30,18 @@ class Draft:
     confidence: torch.Tensor | None = None
     source: str = "drafter"  # which drafter proposed it (statistics and calibration are per source)
     expensive: bool = False  # costly to produce: the policy backs off when its drafts do not pay
+    # A block drafter's whole per-slot distributions [k, V'] (for draft trees) and, for a reduced draft
+    # vocabulary, the target ids of its V' entries.
+    slot_probs: torch.Tensor | None = None
+    vocab_ids: torch.Tensor | None = None
 
     def confidence_or_default(self) -> torch.Tensor:
         return self.confidence if self.confidence is not None else torch.full((len(self.tokens),), 0.5)
 
     def truncated(self, k: int) -> "Draft":
         cut = lambda t: None if t is None else t[:k]  # noqa: E731
-        return Draft(self.tokens[:k], cut(self.probs), cut(self.confidence), self.source, self.expensive)
+        return Draft(self.tokens[:k], cut(self.probs), cut(self.confidence), self.source, self.expensive,
+                     cut(self.slot_probs), self.vocab_ids)
 
 
 class Drafter(ABC):

@@ -61,7 +61,7 @@ class DrafterModel(nn.Module):
     def _head_weight(self) -> torch.Tensor:
         """The target's LM head rows of the draft vocabulary, in the drafter's dtype: a copy, kept while the
         target's weights and the vocabulary are unchanged (it counts in the drafter's weight bytes)."""
-        weight = self.target.model.get_output_embeddings().weight
+        weight = self.target.head_weight()
         if self.draft_vocab_ids is None and weight.dtype == self.dtype:
             return weight.detach()
         key = (weight.data_ptr(), weight._version, None if self.draft_vocab_ids is None else
@@ -180,6 +180,95 @@ class DrafterModel(nn.Module):
             state = states.transpose(1, 2)[batch[..., 0], starts // cfg.chunk_size]  # [B, A, heads, d, dv]
         return self.layer_context(k[batch, idx], v[batch, idx], idx, valid, state)
 
+    # ----- initialisation from the target ---------------------------------------------------------------
+    @torch.no_grad()
+    def init_from_target(self) -> list[str]:
+        """Overwrite the decoder layers with copies of target layers where shapes match; returns notes on
+        what was copied, adapted or skipped. Raises HyflashError if the target does not expose Llama-style
+        layers (model.get_decoder().layers[i].self_attn.q_proj, ..., .mlp.gate_proj, ..., input_layernorm,
+        post_attention_layernorm).
+
+        Which layers: drafter layer j of n <- target layer L - n + j (the last n, in order). The drafter's
+        output goes through its `norm` into the target's LM head, like the target's last layer output goes
+        through the target's final norm, so the top layers are the ones whose weights already write in the
+        head's basis; its context comes from the fused features, which are late-layer heavy too (feature
+        layers run up to L-3). Layers spread over the depth would chain layers that were never adjacent.
+        The final norm is copied from the target's too, and RoPE's base is set to the target's, so the copied
+        query/key projections see positions as they were trained to. Other pieces (feature fusion, slot
+        inputs, mask vector, memory gates) keep their random initialisation. Deterministic: every process
+        of a data-parallel run gets the same weights."""
+        where = f"--init-from-target ({getattr(self.target, 'name', 'the target')})"
+        model = getattr(self.target, "model", None)
+        decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+        layers = getattr(decoder, "layers", None)
+        if model is None or layers is None:
+            raise HyflashError(f"{where}: needs a transformers target whose model.get_decoder().layers are "
+                               f"exposed; this {getattr(self.target, 'backend', '') or 'target'} backend has none")
+        cfg, text = self.config, model.config.get_text_config()
+        n, L, H = len(self.layers), len(layers), cfg.target_hidden_size
+        if n > L:
+            raise HyflashError(f"{where}: the drafter has {n} layers, the target only {L}")
+        picks = [L - n + j for j in range(n)]
+        notes = [f"drafter layers 0..{n - 1} <- target layers {picks}"]
+        t_heads = int(text.num_attention_heads)
+        t_kv = int(getattr(text, "num_key_value_heads", None) or t_heads)
+        t_dim = int(getattr(text, "head_dim", None) or H // t_heads)
+        h, d = cfg.num_heads, cfg.head_dim
+        attention = (h, d) == (t_heads, t_dim) and t_heads % t_kv == 0
+        if not attention:
+            notes.append(f"attention not copied: the drafter has {h} heads of {d}, the target {t_heads} query "
+                         f"heads of {t_dim} ({t_kv} key/value heads)")
+        elif t_kv < h:
+            notes.append(f"keys/values: each of the target's {t_kv} key/value heads repeated {h // t_kv}x "
+                         f"for the drafter's {h} heads (the same attention as the target's grouped queries)")
+        act = str(getattr(text, "hidden_act", "silu"))
+        if act not in ("silu", "swish"):
+            notes.append(f"the target's MLP uses {act}, the drafter's silu: the MLP weights are only a start")
+        for mine, i in zip(self.layers, picks):
+            src = layers[i]
+            if hasattr(src, "pre_feedforward_layernorm"):  # Gemma-style: sandwich norms, 1 + w scales
+                raise HyflashError(f"{where}: target layer {i} ({type(src).__name__}) has sandwich norms the "
+                                   "drafter's pre-norm layer does not; only Llama-style layers are supported")
+            label = f"{where}: target layer {i} ({type(src).__name__})"
+            q, k, v, o = (_target_part(src, f"self_attn.{x}_proj", label) for x in "qkvo")
+            gate, up, down = (_target_part(src, f"mlp.{x}_proj", label) for x in ("gate", "up", "down"))
+            norms = [_target_part(src, name, label) for name in ("input_layernorm", "post_attention_layernorm")]
+            if attention:
+                _copy(mine.q_proj.weight, q.weight, where)
+                for dst, kv in ((mine.k_proj.weight, k.weight), (mine.v_proj.weight, v.weight)):
+                    _copy(dst, kv.reshape(t_kv, t_dim, H).repeat_interleave(h // t_kv, 0).reshape(h * d, H), where)
+                _copy(mine.o_proj.weight, o.weight, where)
+                for name, norm in (("q_norm", mine.q_norm), ("k_norm", mine.k_norm)):
+                    theirs = getattr(src.self_attn, name, None)  # e.g. Qwen3; Llama has none: ours stay ones
+                    if theirs is not None:
+                        _copy(norm.weight, theirs.weight, where)
+                if any(getattr(x, "bias", None) is not None for x in (q, k, v, o)) and i == picks[0]:
+                    notes.append("the target's attention biases have no place in the drafter: dropped")
+            _copy(mine.attn_norm.weight, norms[0].weight, where)
+            _copy(mine.mlp_norm.weight, norms[1].weight, where)
+            mine_i, theirs_i = mine.mlp.gate.weight.shape[0], gate.weight.shape[0]
+            m = min(mine_i, theirs_i)
+            _copy(mine.mlp.gate.weight[:m], gate.weight[:m], where)
+            _copy(mine.mlp.up.weight[:m], up.weight[:m], where)
+            _copy(mine.mlp.down.weight[:, :m], down.weight[:, :m], where)
+            if mine_i > theirs_i:  # the extra units start silent: at step 0 the MLP computes the target's
+                mine.mlp.down.weight[:, m:].zero_()
+        if mine_i != theirs_i:
+            notes.append(f"MLP width {mine_i} vs the target's {theirs_i}: the first {m} units copied"
+                         + (", the others start with zero output weights" if mine_i > theirs_i else " (a slice)"))
+        final = getattr(decoder, "norm", None)
+        if getattr(final, "weight", None) is not None and final.weight.shape == self.norm.weight.shape:
+            self.norm.weight.copy_(final.weight)
+            notes.append("final norm <- the target's final norm")
+        rope_params = getattr(text, "rope_parameters", None) or {}
+        theta = getattr(text, "rope_theta", None) or rope_params.get("rope_theta")
+        if theta and float(theta) != cfg.rope_theta:
+            notes.append(f"rope_theta {cfg.rope_theta:g} -> {float(theta):g} (the target's)")
+            cfg.rope_theta = float(theta)
+        if rope_params.get("rope_type", "default") != "default":
+            notes.append(f"the target's RoPE scaling ({rope_params['rope_type']}) is not reproduced")
+        return notes
+
     # ----- checkpoints ---------------------------------------------------------------------------------
     def save_pretrained(self, path) -> Path:
         return loading.write_checkpoint(path, self.config, self.state_dict())
@@ -199,3 +288,21 @@ class DrafterModel(nn.Module):
                 f"the weights in {path} do not match its config.json ({first[0].strip()}): re-save the drafter"
             ) from exc
         return model.to(device=target.device, dtype=dtype or target.dtype).eval()
+
+
+def _target_part(module: nn.Module, path: str, where: str) -> nn.Module:
+    """module.a.b for path "a.b", or a HyflashError that names what is missing."""
+    for name in path.split("."):
+        if not hasattr(module, name):
+            raise HyflashError(f"{where} has no {path}: --init-from-target needs Llama-style decoder layers "
+                               "(self_attn.q/k/v/o_proj, mlp.gate/up/down_proj, input_layernorm, "
+                               "post_attention_layernorm)")
+        module = getattr(module, name)
+    return module
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor, where: str) -> None:
+    if dst.shape != src.shape:
+        raise HyflashError(f"{where}: a target weight of shape {tuple(src.shape)} does not fit the drafter's "
+                           f"{tuple(dst.shape)}")
+    dst.copy_(src.detach())

@@ -118,11 +118,14 @@ class DrafterState(Drafter):
             return Draft(tokens=torch.empty(0, dtype=torch.long))
         model = self.model
         logits = model.logits(self.block_hidden(last_token)[:num_tokens])  # [k, draft vocab]
+        vocab = model.draft_vocab_ids
         if sampling.greedy:
-            confidence = logits.softmax(-1).amax(-1)  # the argmax's probability: distribution-level
-            return Draft(tokens=model.to_target_ids(logits.argmax(-1)), confidence=confidence, expensive=True)
+            slot_probs = logits.softmax(-1)
+            confidence = slot_probs.amax(-1)  # the argmax's probability: distribution-level
+            return Draft(tokens=model.to_target_ids(logits.argmax(-1)), confidence=confidence, expensive=True,
+                         slot_probs=slot_probs, vocab_ids=vocab)
         probs = logits_to_probs(logits, sampling)
         picks = sample(probs, generator)
         # Everything stays on the model's device; the decoding loop moves what it verifies.
         return Draft(tokens=model.to_target_ids(picks), probs=model.to_full_vocab(probs),
-                     confidence=probs.amax(-1), expensive=True)
+                     confidence=probs.amax(-1), expensive=True, slot_probs=probs, vocab_ids=vocab)

