@@ -46,6 +46,9 @@ def cost_curves(model: str, dtypes, log: Callable[[str], None] = _stderr) -> dic
 def choose(model: str, dtype: str, with_drafter: bool, block: int = 8, calibrated: bool = True,
            log: Callable[[str], None] = _stderr) -> DtypeChoice:
     """Resolve --dtype: 'auto' from the calibration, else as given (with its curve, for adaptive drafting)."""
+    from hyflash.targets import resolve_model_path
+
+    resolve_model_path(model)  # a bad model name fails here, before anything is measured
     if dtype != "auto":
         curve = cost_curves(model, [dtype], log)[dtype] if calibrated and with_drafter else None
         return DtypeChoice(dtype, "chosen explicitly", curve)

@@ -116,11 +116,12 @@ def test_measure_target_and_cache(llama_target, tmp_path, monkeypatch):
     assert len(files) == 1
     data = json.loads(files[0].read_text())["curve"]
     assert {"cpu", "cpu_flags_sha256", "threads", "torch", "transformers", "model", "dtype"} <= set(data["machine"])
-    torch.set_num_threads(2)  # another thread count is another machine key: measured afresh
+    before = torch.get_num_threads()
+    torch.set_num_threads(2 if before == 1 else 1)  # another thread count is another machine key: measured afresh
     try:
         assert calibrate("tiny", "float32", drafter_spec=None, contexts=(8,), reps=1, target=llama_target)[1]
     finally:
-        torch.set_num_threads(1)
+        torch.set_num_threads(before)
 
 
 FAST = settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
