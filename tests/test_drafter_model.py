@@ -167,3 +167,80 @@ def test_train_forward_backward_runs_in_bf16_autocast(llama_target):
         loss = model.logits(hidden).logsumexp(-1).mean()
     loss.backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+@pytest.fixture(scope="module")
+def varied_llama():
+    """A tiny Llama (4 query heads, 2 key/value heads of 8) whose norms are not all ones and whose RoPE
+    base is not the drafter's default: a copy that ignored them would be caught."""
+    from conftest import tiny_llama
+
+    model = tiny_llama(seed=3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    model.config.rope_parameters = {"rope_type": "default", "rope_theta": 50000.0}
+    return Target(model, name="tiny-llama-varied")
+
+
+@pytest.mark.parametrize("width", [64, 128])
+def test_init_from_target_copies_the_last_target_layers(varied_llama, width):
+    from hyflash.errors import HyflashError
+
+    target = varied_llama
+    model = make(target, dtype=torch.float32, kind="hyflash", num_heads=4, head_dim=8, intermediate_size=width)
+    notes = model.init_from_target()
+    assert notes[0] == "drafter layers 0..1 <- target layers [2, 3]"
+    layers = target.model.get_decoder().layers
+    for mine, theirs in zip(model.layers, [layers[2], layers[3]]):
+        attn = theirs.self_attn
+        assert torch.equal(mine.q_proj.weight, attn.q_proj.weight)
+        assert torch.equal(mine.o_proj.weight, attn.o_proj.weight)
+        for ours, kv in ((mine.k_proj.weight, attn.k_proj.weight), (mine.v_proj.weight, attn.v_proj.weight)):
+            # query head i reads key/value head i // 2, as in the target's grouped-query attention
+            for head in range(4):
+                assert torch.equal(ours[head * 8:(head + 1) * 8], kv[head // 2 * 8:(head // 2 + 1) * 8])
+        assert torch.equal(mine.attn_norm.weight, theirs.input_layernorm.weight)
+        assert torch.equal(mine.mlp_norm.weight, theirs.post_attention_layernorm.weight)
+        assert torch.equal(mine.q_norm.weight, torch.ones(8)) and torch.equal(mine.k_norm.weight, torch.ones(8))
+        assert torch.equal(mine.mlp.gate.weight[:64], theirs.mlp.gate_proj.weight)
+        assert torch.equal(mine.mlp.up.weight[:64], theirs.mlp.up_proj.weight)
+        assert torch.equal(mine.mlp.down.weight[:, :64], theirs.mlp.down_proj.weight)
+        x = torch.randn(3, target.hidden_size)
+        with torch.no_grad():  # extra units of a wider MLP start silent: it computes the target's MLP
+            torch.testing.assert_close(mine.mlp(x), theirs.mlp(x))
+    assert torch.equal(model.norm.weight, target.model.get_decoder().norm.weight)
+    assert model.config.rope_theta == 50000.0
+    assert any("repeated 2x" in n for n in notes)
+
+    with pytest.raises(HyflashError, match="only 4"):
+        make(target, dtype=torch.float32, num_heads=4, head_dim=8, num_layers=5).init_from_target()
+    other_heads = make(target, dtype=torch.float32, num_heads=2, head_dim=16)
+    before = other_heads.layers[0].q_proj.weight.clone()
+    assert any("attention not copied" in n for n in other_heads.init_from_target())
+    assert torch.equal(other_heads.layers[0].q_proj.weight, before)
+
+
+def test_init_from_target_refuses_targets_without_llama_layers(llama_target, gemma_target):
+    from hyflash.errors import HyflashError
+
+    with pytest.raises(HyflashError, match="sandwich norms"):
+        make(gemma_target, dtype=torch.float32).init_from_target()
+
+    class Hidden:  # a target whose model is not reachable (another backend)
+        name, backend = "opaque", "llama.cpp"
+
+    model = make(llama_target, dtype=torch.float32)
+    model.target = Hidden()
+    with pytest.raises(HyflashError, match="get_decoder"):
+        model.init_from_target()
+    model.target = llama_target
+    decoder = llama_target.model.get_decoder()
+    mlp = decoder.layers[3].mlp
+    del decoder.layers[3].mlp
+    try:
+        with pytest.raises(HyflashError, match="no mlp.gate_proj"):
+            model.init_from_target()
+    finally:
+        decoder.layers[3].mlp = mlp

@@ -16,7 +16,7 @@ from hyflash.training import checkpoint as ckpt
 from hyflash.training.batches import draft_vocab_from_counts, epoch_order, make_batch, sample_anchors, to_draft_ids
 from hyflash.training.config import TrainConfig
 from hyflash.training.data import TokenDataset, write_dataset
-from hyflash.training.losses import position_weights, weighted_ce, weighted_kl
+from hyflash.training.losses import SlotWeights, position_weights, slot_hits, weighted_ce, weighted_kl
 from hyflash.training.prompts import build_prompts, split_of
 
 MODULE_SOURCE = '''
@@ -151,6 +151,46 @@ def test_losses():
     assert abs(kl.item()) < 1e-5
 
 
+def test_slot_weights_exp_and_survival():
+    exp = SlotWeights("exp", 5, 2.0)
+    assert torch.equal(exp.weights(), position_weights(5, 2.0))  # the old weights, bit for bit
+    exp.update(torch.tensor([3.0, 0, 0, 0]), torch.tensor([4.0, 4, 4, 4]))
+    assert torch.equal(exp.weights(), position_weights(5, 2.0))  # and they never move
+
+    survival = SlotWeights("survival", 5, 2.0)
+    # The EMA starts at exp(-1/gamma) per slot: the first weights have the exp weights' shape.
+    torch.testing.assert_close(survival.weights(), position_weights(5, 2.0))
+    survival.load_state([0.5, 0.4, 0.05, 0.9])
+    assert survival.weights().tolist() == pytest.approx([1.0, 0.5, 0.5 * 0.4, 0.02])  # 0.01 floored at 0.02
+    # A step: slot accuracies 3/4, 1/4, none seen (keeps its estimate), 0/2; EMA decay 0.9.
+    survival.update(torch.tensor([3.0, 1, 0, 0]), torch.tensor([4.0, 4, 0, 2]))
+    ema = [0.9 * 0.5 + 0.1 * 0.75, 0.9 * 0.4 + 0.1 * 0.25, 0.05, 0.9 * 0.9]
+    assert survival.state() == pytest.approx(ema)
+    assert survival.weights().tolist() == pytest.approx([1.0, ema[0], ema[0] * ema[1], max(0.02, ema[0] * ema[1] * ema[2])])
+
+    logits = torch.tensor([[[[2.0, 0, 0], [0, 2.0, 0]], [[0, 0, 2.0], [2.0, 0, 0]]]])  # [1, 2 blocks, 2 slots, 3]
+    hits, counts = slot_hits(logits, torch.tensor([[[0, 2], [2, -1]]]))
+    assert hits.tolist() == [2.0, 0.0] and counts.tolist() == [2.0, 1.0]
+    with pytest.raises(HyflashError, match="slot_weights"):
+        TrainConfig(slot_weights="linear")
+    with pytest.raises(HyflashError, match="exclude each other"):
+        TrainConfig(init="runs/x/drafter", init_from_target=True)
+
+
+def test_new_settings_are_train_flags():
+    import argparse
+
+    from hyflash.training.cli import _from_args, add_cli
+
+    parser = argparse.ArgumentParser()
+    add_cli(parser.add_subparsers())
+    args = parser.parse_args(["train", "--data", "d", "--init-from-target", "--slot-weights", "survival"])
+    config = _from_args(TrainConfig, args, data=args.data)
+    assert config.init_from_target and config.slot_weights == "survival"
+    plain = _from_args(TrainConfig, parser.parse_args(["train", "--data", "d"]), data=["d"])
+    assert not plain.init_from_target and plain.slot_weights == "exp"
+
+
 def _small_run(data_folder: Path, out: Path, **overrides) -> TrainConfig:
     settings = dict(data=[str(data_folder)], out=str(out), steps=4, batch_size=4, anchors=6, block_size=4,
                     window=8, chunk_size=4, draft_vocab_size=40, warmup_steps=1, save_every=2, log_every=1,
@@ -193,15 +233,18 @@ def test_checkpoint_round_trip_and_refusals(llama_target, tmp_path):
     # A checkpoint from an older hyflash lacks settings added since: they resume at their defaults only.
     meta_file = path / "meta.json"
     meta = json.loads(meta_file.read_text())
-    del meta["fingerprint"]["onpolicy_objective"]
+    for name in ("onpolicy_objective", "init_from_target", "slot_weights"):
+        del meta["fingerprint"][name]
     meta_file.write_text(json.dumps(meta))
     with pytest.raises(HyflashError, match="other settings.*onpolicy_objective"):
         ckpt.load_checkpoint(path, fresh, opt2, None, config.fingerprint())
     defaults = TrainConfig().fingerprint()
     assert ckpt.load_checkpoint(path, fresh, opt2, None, config.fingerprint(), defaults).step == 7
-    newer = _small_run(tmp_path / "d", tmp_path / "run", onpolicy_objective="acceptance")
-    with pytest.raises(HyflashError, match="other settings.*onpolicy_objective"):
-        ckpt.load_checkpoint(path, fresh, opt2, None, newer.fingerprint(), defaults)
+    for newer_setting in ({"onpolicy_objective": "acceptance"}, {"slot_weights": "survival"},
+                          {"init_from_target": True}):
+        newer = _small_run(tmp_path / "d", tmp_path / "run", **newer_setting)
+        with pytest.raises(HyflashError, match=f"other settings.*{next(iter(newer_setting))}"):
+            ckpt.load_checkpoint(path, fresh, opt2, None, newer.fingerprint(), defaults)
     weights = path / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-10])
     with pytest.raises(HyflashError, match="corrupt"):
@@ -227,6 +270,33 @@ def test_short_run_with_feature_cache_resume_guard_and_kl(llama_target, tmp_path
         train(config, progress=False, target=llama_target)
     kl = _small_run(tmp_path / "d", tmp_path / "run-kl", loss="kl", steps=2)
     train(kl, progress=False, target=llama_target)
+
+
+def test_run_initialised_from_target_with_survival_weights(llama_target, tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    from hyflash.training.train import build_drafter, train
+
+    data = _tiny_data(llama_target, tmp_path / "d")
+    config = _small_run(tmp_path / "d", tmp_path / "run", steps=2, init_from_target=True, slot_weights="survival",
+                        gamma=2.0, lr=0.0, warmup_steps=0, min_lr_ratio=1.0, grad_clip=0.0)
+    model = build_drafter(config, llama_target, data)
+    assert "init from target: drafter layers 0..0 <- target layers [3]" in capsys.readouterr().out
+    last = llama_target.model.get_decoder().layers[3]
+    assert torch.equal(model.layers[0].mlp_norm.weight, last.post_attention_layernorm.weight)
+    assert torch.equal(model.layers[0].mlp.up.weight[:64], last.mlp.up_proj.weight)
+
+    drafter = train(config, progress=False, target=llama_target)  # lr 0: the weights stay the initial copy
+    assert torch.equal(load_file(str(drafter / "model.safetensors"))["layers.0.mlp.up.weight"], model.layers[0].mlp.up.weight)
+    records = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    first, second = [r for r in records if "loss" in r]
+    assert first["slot_weights"] == pytest.approx(position_weights(4, 2.0).tolist(), abs=1e-4)
+    # After step 1 the EMA moved towards step 1's per-slot accuracy (one process: the global batch's).
+    ema = [0.9 * np.exp(-0.5) + 0.1 * a for a in first["acc_by_slot"]]
+    assert second["slot_weights"] == pytest.approx([1.0, ema[0], max(0.02, ema[0] * ema[1])], abs=1e-3)
+    assert second["slot_weights"] != first["slot_weights"]
+    meta = json.loads((tmp_path / "run" / "checkpoints" / "step-000002" / "meta.json").read_text())
+    assert len(meta["extra"]["slot_acceptance"]) == 3
 
 
 def test_default_drafter_resolution():

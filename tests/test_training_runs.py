@@ -50,6 +50,10 @@ def _config(data: Path, out: Path):
         data=[str(data)], out=str(out), steps=STEPS, batch_size=4, anchors=6, block_size=4, window=8,
         chunk_size=4, draft_vocab_size=48, warmup_steps=2, lr=3e-3, save_every=SAVE_EVERY, log_every=1,
         autocast=False, save_dtype="float32", threads=1, plot=False,
+        # The levers with state or copies: the survival weights' EMA must survive SIGKILL + resume (it is in
+        # the checkpoint) and agree across processes (built from all-reduced counts); the target copy is the
+        # same in every process.
+        slot_weights="survival", init_from_target=True,
     )
 
 

@@ -26,6 +26,7 @@ class TrainConfig:
     memory_rule: str = "gated_delta"
     draft_vocab_size: int = 16384  # most frequent target-written tokens; 0 = the full vocabulary
     init: str = ""  # a drafter folder to start from (e.g. to continue training a shipped drafter)
+    init_from_target: bool = False  # decoder layers start as copies of the target's last layers (not random)
     # ----- optimisation -----
     steps: int = 1000
     batch_size: int = 8  # sequences per step, all processes together
@@ -38,6 +39,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     loss: str = "ce"  # ce: position-weighted cross-entropy | kl: KL to the target's distribution
     gamma: float = 4.0  # slot weights exp(-(k-1)/gamma); DFlash uses 7 for B=16
+    slot_weights: str = "exp"  # exp: exp(-(k-1)/gamma) | survival: running estimate of P(block survives to k)
     autocast: bool = True  # bf16 autocast for the drafter's forward/backward (fp32 master weights)
     seed: int = 0
     # ----- acceptance-aware on-policy term (hyflash/training/onpolicy.py); weight 0 = off -----
@@ -65,6 +67,9 @@ class TrainConfig:
                 raise HyflashError(f"bad training config: {message}")
 
         need(self.loss in ("ce", "kl"), f"loss must be ce or kl, got {self.loss!r}")
+        need(self.slot_weights in ("exp", "survival"), f"slot_weights must be exp or survival, got {self.slot_weights!r}")
+        need(not (self.init and self.init_from_target),
+             "--init (a trained drafter) and --init-from-target (the target's layers) exclude each other")
         need(self.steps >= 1 and self.batch_size >= 1 and self.anchors >= 1, "steps, batch_size, anchors must be >= 1")
         need(self.block_size >= 2, f"block_size must be >= 2, got {self.block_size}")
         need(self.max_length > self.block_size, "max_length must exceed block_size")

@@ -13,6 +13,7 @@ drafter/ (the trained drafter, loadable with --drafter PATH), curves.png, train_
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -31,7 +32,7 @@ from hyflash.training.batches import draft_vocab_from_counts, epoch_order, make_
 from hyflash.training.config import TrainConfig
 from hyflash.training.data import TokenDataset, atomic_write_json
 from hyflash.training.features import FeatureCache, batch_features
-from hyflash.training.losses import expected_acceptance, position_weights, slot_accuracy, weighted_ce, weighted_kl
+from hyflash.training.losses import SlotWeights, expected_acceptance, slot_accuracy, slot_hits, weighted_ce, weighted_kl
 from hyflash.training.onpolicy import onpolicy_loss
 
 
@@ -70,6 +71,11 @@ def build_drafter(config: TrainConfig, target, dataset: TokenDataset):
         return model.train()
     torch.manual_seed(config.seed)  # identical initial weights in every process
     model = DrafterModel(DrafterConfig.for_target(target, **config.drafter_overrides()), target)
+    if config.init_from_target:  # deterministic copies: the same in every process
+        notes = model.init_from_target()
+        if _dist_info()[0] == 0:
+            for note in notes:
+                print(f"init from target: {note}", flush=True)
     if config.draft_vocab_size:
         counts = dataset.token_counts(target.vocab_size)
         ids = draft_vocab_from_counts(counts, config.draft_vocab_size, sorted(target.eos_token_ids))
@@ -113,22 +119,24 @@ def make_optimizer(params: list[torch.Tensor], config: TrainConfig):
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, config))
 
 
-def _restore(checkpoints: Path, resume: bool, model, optimizer, scheduler, fingerprint: dict, verbose: bool) -> int:
-    """The step to start from: the newest checkpoint's with --resume; refuse to overwrite a run without it."""
+def _restore(checkpoints: Path, resume: bool, model, optimizer, scheduler, fingerprint: dict,
+             verbose: bool) -> tuple[int, dict]:
+    """(the step to start from, the checkpoint's extra state): the newest checkpoint's with --resume; refuse
+    to overwrite a run without it."""
     found = ckpt.list_checkpoints(checkpoints)
     if not resume:
         if found:
             raise HyflashError(f"{checkpoints.parent} already holds checkpoints: pass --resume to continue, "
                                "or use another --out")
-        return 0
+        return 0, {}
     if not found:
         if verbose:
             print(f"no checkpoint in {checkpoints}: starting from scratch", flush=True)
-        return 0
-    step = ckpt.load_checkpoint(found[-1], model, optimizer, scheduler, fingerprint, TrainConfig().fingerprint()).step
+        return 0, {}
+    restored = ckpt.load_checkpoint(found[-1], model, optimizer, scheduler, fingerprint, TrainConfig().fingerprint())
     if verbose:
-        print(f"resumed from {found[-1]} (step {step})", flush=True)
-    return step
+        print(f"resumed from {found[-1]} (step {restored.step})", flush=True)
+    return restored.step, restored.meta.get("extra") or {}
 
 
 def block_loss(config: TrainConfig, logits, labels, weights, target_logits):
@@ -180,7 +188,13 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True, targ
     fingerprint = {**config.fingerprint(), "data_shards": dataset.shard_digests}
 
     checkpoints = out / "checkpoints"
-    start_step = _restore(checkpoints, resume, model, optimizer, scheduler, fingerprint, verbose=rank == 0)
+    start_step, extra = _restore(checkpoints, resume, model, optimizer, scheduler, fingerprint, verbose=rank == 0)
+    slot_weights = SlotWeights(config.slot_weights, config.block_size, config.gamma)
+    if slot_weights.adaptive and start_step:
+        if "slot_acceptance" not in extra:
+            raise HyflashError(f"the newest checkpoint in {checkpoints} has no slot_acceptance state for "
+                               "--slot-weights survival; start a new --out folder")
+        slot_weights.load_state(extra["slot_acceptance"])
 
     log = JsonlLog(out / "log.jsonl", start_step if resume else None) if rank == 0 else None
     if rank == 0:
@@ -191,7 +205,6 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True, targ
     cache = None
     if config.feature_cache:
         cache = FeatureCache(Path(config.feature_cache), target)
-    weights = position_weights(config.block_size, config.gamma)
     lengths = np.array([len(s) for s in dataset.sequences])
     batches_per_epoch = len(dataset) // config.batch_size
     if batches_per_epoch == 0:
@@ -218,12 +231,17 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True, targ
 
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.autocast):
             logits = step_module(features.to(device), batch.tokens.to(device), batch.anchors.to(device))
+        weights = slot_weights.weights()  # survival: from the accuracy EMA of the steps before this one
         loss_sum, weight_sum = block_loss(config, logits, labels, weights, target_logits)
         # Normalise by the weight of the whole global batch; DDP then averages gradients over processes,
         # so multiply by the world size to get exactly the one-process gradient.
         totals = torch.stack([weight_sum.detach().float(), loss_sum.detach().float()])
+        if slot_weights.adaptive:  # the global batch's hits and label counts per slot, in the same all-reduce
+            totals = torch.cat([totals, *slot_hits(logits.detach(), labels)])
         if world > 1:
             dist.all_reduce(totals)
+        if slot_weights.adaptive:
+            slot_weights.update(*totals[2:].view(2, -1))  # for the next step (the loss above is built already)
         loss = loss_sum * world / totals[0].clamp_min(1e-9)
         onpolicy_stats = None
         if onpolicy is not None:
@@ -259,14 +277,19 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True, targ
                 }
                 if onpolicy_stats is not None:
                     record["onpolicy"] = onpolicy_stats
+                if slot_weights.adaptive:
+                    record["slot_weights"] = [round(w, 4) for w in weights.tolist()]
                 timer = time.perf_counter()
                 log.write(record)
             bar.set_postfix(loss=f"{global_loss:.3f}", **({"acc1": f"{record['acc_by_slot'][0]:.2f}"} if record else {}))
             bar.update(1)
         if done % config.save_every == 0 or done == config.steps:
             if rank == 0:
+                extra = {"epoch": epoch}
+                if slot_weights.adaptive:
+                    extra["slot_acceptance"] = slot_weights.state()
                 ckpt.save_checkpoint(checkpoints, done, model, optimizer, scheduler, fingerprint,
-                                     extra={"epoch": epoch}, keep=config.keep_checkpoints)
+                                     extra=extra, keep=config.keep_checkpoints)
             if world > 1:
                 dist.barrier()
         if rank == 0 and done == config.steps:  # before the final evaluation: a run that dies in it keeps it
@@ -292,6 +315,12 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True, targ
             plot_curves(out / "log.jsonl", out / "curves.png")
         print(f"drafter saved to {drafter_dir}", flush=True)
     if world > 1:
+        # Free the DDP wrapper while the process group is still registered: dropped later (when this frame
+        # returns), its Reducer holds the last reference to the gloo group, whose destructor then joins gloo's
+        # worker thread with the GIL held while that thread needs the GIL to free a finished barrier's work,
+        # a deadlock (seen under load: one process finished, the other hung after training).
+        del step_module
+        gc.collect()
         dist.barrier()
         dist.destroy_process_group()
     return drafter_dir
