@@ -1,0 +1,400 @@
+"""The llama.cpp backend: a GGUF file behind the Target interface, through llama-cpp-python's low-level API.
+
+Why: on a CPU, llama.cpp decodes the same quantised GGUF 3-5x faster than transformers does its dequantised
+copy, so that is the plain decoding speculative decoding has to beat (issue 13).
+
+How, with public calls only:
+  - one llama_context with one sequence; a batch marks every scored position as an output, so one
+    llama_decode gives logits for every block position (prefill asks for the last one only);
+  - features come from the eval callback (llama_context_params.cb_eval): it asks for the tensors
+    `l_out-{i-1}` (llama.cpp names layer i's output `l_out-i`; our feature index i, like transformers'
+    hidden_states[i], is the output of layer i-1), and copies their float32 rows, every batch position;
+  - rollback is llama_memory_seq_rm(mem, 0, length, -1);
+  - the embedding and LM head a drafter borrows are read from the GGUF with the `gguf` package and
+    dequantised to float32 once, lazily (the drafter needs them; plain decoding does not).
+The tokenizer of a built-in model is the Hugging Face tokenizer the transformers backend uses, so prompts and
+chat templates are identical across backends; an arbitrary .gguf uses llama.cpp's own tokenizer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hyflash.errors import HyflashError
+from hyflash.targets.base import (
+    BUILTIN_MODELS,
+    DEFAULT_MODEL,
+    BaseTarget,
+    TargetOutput,
+    builtin_gguf,
+    cache_root,
+    default_feature_layers,
+)
+
+try:
+    import llama_cpp
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise HyflashError(
+        "the llama.cpp backend needs llama-cpp-python: pip install llama-cpp-python==0.3.36"
+    ) from exc
+
+DEFAULT_N_CTX = 8192  # enough for every bench context; a model trained on less gets its own
+BATCH = 512  # tokens per llama_decode call (prefill chunk), also the physical ubatch
+
+_backend_ready = False
+
+
+def _ggml_lib() -> ctypes.CDLL:
+    """ggml's C API (ggml_get_name, ggml_nbytes, ggml_backend_tensor_get): the tensors the eval callback
+    receives are ggml tensors, and llama-cpp-python binds only llama.h."""
+    lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
+    lib.ggml_get_name.argtypes, lib.ggml_get_name.restype = [ctypes.c_void_p], ctypes.c_char_p
+    lib.ggml_nbytes.argtypes, lib.ggml_nbytes.restype = [ctypes.c_void_p], ctypes.c_size_t
+    lib.ggml_nelements.argtypes, lib.ggml_nelements.restype = [ctypes.c_void_p], ctypes.c_int64
+    lib.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
+    lib.ggml_backend_tensor_get.restype = None
+    return lib
+
+
+def _init_backend() -> None:
+    global _backend_ready
+    if not _backend_ready:
+        # llama.cpp logs every load (and its errors) to stderr, through this logger: hyflash reports them itself.
+        logging.getLogger("llama-cpp-python").setLevel(logging.CRITICAL)
+        llama_cpp.llama_backend_init()
+        _backend_ready = True
+
+
+class LlamaCppTokenizer:
+    """llama.cpp's tokenizer behind the few Hugging Face tokenizer calls hyflash makes (for a .gguf that has
+    no Hugging Face tokenizer next to it)."""
+
+    def __init__(self, model, vocab):
+        self.vocab = vocab
+        template = llama_cpp.llama_model_chat_template(model, None)
+        self.chat_template = template.decode("utf-8") if template else None
+        self.eos_token_id = int(llama_cpp.llama_vocab_eos(vocab))
+        self.bos_token_id = int(llama_cpp.llama_vocab_bos(vocab))
+
+    def _piece(self, token: int) -> str:
+        return llama_cpp.llama_vocab_get_text(self.vocab, token).decode("utf-8", errors="replace") if token >= 0 else ""
+
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        size = len(data) + 8
+        for _ in range(2):  # a negative count is the size needed
+            buf = (llama_cpp.llama_token * size)()
+            n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, size, add_special, parse_special)
+            if n >= 0:
+                return [int(t) for t in buf[:n]]
+            size = -n
+        raise HyflashError("llama.cpp could not tokenize the prompt")
+
+    def __call__(self, text: str) -> dict:
+        return {"input_ids": self.encode(text)}
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True, tokenize: bool = True):
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        formatter = Jinja2ChatFormatter(self.chat_template, eos_token=self._piece(self.eos_token_id),
+                                        bos_token=self._piece(self.bos_token_id),
+                                        add_generation_prompt=add_generation_prompt)
+        text = formatter(messages=messages).prompt
+        # The template writes BOS itself when the model wants one: add nothing, parse its special tokens.
+        return self.encode(text, add_special=False, parse_special=True) if tokenize else text
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        arr = (llama_cpp.llama_token * max(1, len(ids)))(*ids)
+        size = 8 * len(ids) + 16
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(size)
+            n = llama_cpp.llama_detokenize(self.vocab, arr, len(ids), buf, size, skip_special_tokens,
+                                           not skip_special_tokens)
+            if n >= 0:
+                return buf.raw[:n].decode("utf-8", errors="replace")
+            size = -n
+        raise HyflashError("llama.cpp could not detokenize")
+
+
+def _hf_tokenizer(name: str, folder: Path, gguf_file: str):
+    """The tokenizer the transformers backend uses for a built-in model: its cached conversion, else the
+    same tokenizer read from the GGUF (what the conversion saves), without converting the weights."""
+    from transformers import AutoTokenizer
+
+    converted = cache_root() / "models" / name
+    if (converted / "tokenizer_config.json").exists():
+        return AutoTokenizer.from_pretrained(converted)
+    return AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+
+
+class LlamaCppTarget(BaseTarget):
+    """A GGUF model run by llama.cpp, batch 1. Build with `LlamaCppTarget.load(name_or_path)`."""
+
+    backend = "llama.cpp"
+
+    def __init__(self, gguf_path: str | Path, tokenizer=None, feature_layers: tuple[int, ...] | None = None,
+                 name: str = "", n_ctx: int | None = None, n_threads: int | None = None,
+                 flash_attn: bool = True, record_features: bool = True):
+        path = Path(gguf_path).expanduser()
+        if not path.is_file():
+            raise HyflashError(f"no GGUF file at {path}: pass a built-in model name or an existing .gguf file")
+        _init_backend()
+        self.path = path
+        self.name = name or path.name
+        self._model = self._ctx = None
+        mparams = llama_cpp.llama_model_default_params()
+        self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._model:
+            raise HyflashError(f"llama.cpp could not load {path}: the file is corrupt or not a GGUF model")
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.num_layers = int(llama_cpp.llama_model_n_layer(self._model))
+        self.hidden_size = int(llama_cpp.llama_model_n_embd(self._model))
+        self.vocab_size = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self.architecture = self._meta("general.architecture")
+        self.tokenizer = tokenizer if tokenizer is not None else LlamaCppTokenizer(self._model, self._vocab)
+        self.feature_layers = tuple(feature_layers or default_feature_layers(self.num_layers))
+        self._check_feature_layers()
+        self.eos_token_ids = self._eos_ids()
+
+        # Which graph tensor holds each feature (index 0, the embedding, is computed here from the GGUF).
+        self._tensor_of = {}
+        for j, i in enumerate(self.feature_layers):
+            if 0 < i < self.num_layers:
+                self._tensor_of[f"l_out-{i - 1}".encode()] = j
+            elif i == self.num_layers:
+                self._tensor_of[b"result_norm"] = j  # hidden_states[L] is the final norm's output
+        # The graph keeps only output rows after the last layer: the final norm's rows need every output.
+        self._all_outputs = self.num_layers in self.feature_layers
+        self._ggml = _ggml_lib()
+        self._recording = False
+        self._parts: list[list[np.ndarray]] = [[] for _ in self.feature_layers]
+        self._callback_error: BaseException | None = None
+        self._cb = llama_cpp.ggml_backend_sched_eval_callback(self._on_tensor)  # kept alive with self
+
+        n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self._model))
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = int(n_ctx or min(n_ctx_train, DEFAULT_N_CTX))
+        cparams.n_batch = cparams.n_ubatch = BATCH
+        cparams.n_seq_max = 1
+        threads = int(n_threads or torch.get_num_threads())
+        cparams.n_threads = cparams.n_threads_batch = threads
+        cparams.no_perf = True
+        # Explicit, not llama.cpp's "auto": greedy text depends on it (FA rounds differently), and a plain
+        # llama.cpp run compared with this one must use the same setting (llama_cpp.Llama defaults to off).
+        # On by default because it makes speculative decoding exact: with FA a q-token pass gives bit for bit
+        # the logits of q one-token passes (SmolLM2 Q4_1); without it, passes of 8+ tokens differ by ~1-2%
+        # (argmax flips at q = 16). The price: with the eval callback, FA passes of 8-16 tokens cost 1.3-1.5x
+        # more than without FA (docs/results/llamacpp/measure.md).
+        cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
+                                   else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        self.flash_attn = flash_attn
+        # A sliding-window cache prunes cells it thinks are dead; rollback must find the last block's cells.
+        cparams.swa_full = True
+        # The callback is asked about every graph node of every pass (Python calls): plain decoding is ~9%
+        # faster without it, so a target that never gives features is built without one.
+        if record_features:
+            cparams.cb_eval = self._cb
+        self.record_features = record_features
+        self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            raise HyflashError(f"llama.cpp could not create a context of {cparams.n_ctx} tokens for {path}")
+        self.max_context = int(llama_cpp.llama_n_ctx(self._ctx))
+        self.threads = threads
+        self._mem = llama_cpp.llama_get_memory(self._ctx)
+        self._batch = llama_cpp.llama_batch_init(BATCH, 0, 1)
+        self._length = 0
+        self._weights: dict[str, torch.Tensor] = {}
+        self._embed_scale = math.sqrt(self.hidden_size) if self.architecture.startswith("gemma") else 1.0
+
+    @classmethod
+    def load(cls, name_or_path: str = DEFAULT_MODEL, feature_layers=None, **kwargs) -> "LlamaCppTarget":
+        """A built-in name (the GGUF its package ships, with the transformers backend's tokenizer) or a local
+        .gguf file (llama.cpp's own tokenizer and chat template)."""
+        if name_or_path in BUILTIN_MODELS:
+            folder, gguf_file = builtin_gguf(name_or_path)
+            tokenizer = _hf_tokenizer(name_or_path, folder, gguf_file)
+            return cls(folder / gguf_file, tokenizer, feature_layers, name=name_or_path, **kwargs)
+        path = Path(name_or_path).expanduser()
+        if path.suffix != ".gguf":
+            known = ", ".join(BUILTIN_MODELS)
+            raise HyflashError(f"unknown model {name_or_path!r} for the llama.cpp backend: "
+                               f"not a built-in name ({known}) nor a .gguf file")
+        return cls(path, None, feature_layers, name=str(name_or_path), **kwargs)
+
+    def __del__(self) -> None:
+        try:
+            if getattr(self, "_ctx", None):
+                llama_cpp.llama_batch_free(self._batch)
+                llama_cpp.llama_free(self._ctx)
+            if getattr(self, "_model", None):
+                llama_cpp.llama_model_free(self._model)
+        except Exception:  # interpreter shutdown may have torn the bindings down already
+            pass
+        self._ctx = self._model = None
+
+    def _meta(self, key: str) -> str:
+        buf = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode() if n >= 0 else ""
+
+    def _eos_ids(self) -> frozenset[int]:
+        # llama.cpp stops at every end-of-generation token (eos, eot, <|im_end|>, ...); so does hyflash here.
+        ids = {t for t in range(self.vocab_size) if llama_cpp.llama_vocab_is_eog(self._vocab, t)}
+        value = getattr(self.tokenizer, "eos_token_id", None)
+        if value is not None:
+            ids.update(value if isinstance(value, (list, tuple)) else [value])
+        return frozenset(int(i) for i in ids)
+
+    # ----- shape facts -----------------------------------------------------------------------------------
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32  # features and borrowed weights come back dequantised
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    # ----- frozen pieces drafters reuse (from the GGUF, dequantised once) --------------------------------
+    def _weight(self, key: str) -> torch.Tensor:
+        if key not in self._weights:
+            import gguf
+            from gguf.quants import dequantize
+
+            reader = gguf.GGUFReader(str(self.path))
+            tensors = {t.name: t for t in reader.tensors}
+            # Tied embeddings (SmolLM2, Gemma) have no output.weight: the head is the token embedding.
+            name = "output.weight" if key == "head" and "output.weight" in tensors else "token_embd.weight"
+            if name == "token_embd.weight" and "embed" in self._weights:
+                self._weights[key] = self._weights["embed"]
+            elif name not in tensors:
+                raise HyflashError(f"{self.path} has no {name} tensor: not a supported decoder-only GGUF")
+            else:
+                t = tensors[name]
+                rows = np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+                self._weights[key] = torch.from_numpy(rows.reshape(-1, self.hidden_size))
+                if name == "token_embd.weight":
+                    self._weights["head" if key == "embed" else "embed"] = self._weights[key]
+        return self._weights[key]
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        # Gemma scales its embedding by sqrt(hidden) in the graph (transformers: a scaled embedding module).
+        out = torch.nn.functional.embedding(torch.as_tensor(ids, dtype=torch.long), self._weight("embed"))
+        return out * self._embed_scale if self._embed_scale != 1.0 else out
+
+    def head_weight(self) -> torch.Tensor:
+        return self._weight("head")
+
+    # ----- the eval callback ------------------------------------------------------------------------------
+    def _on_tensor(self, tensor: int, ask: bool, user_data) -> bool:
+        """Asked once per graph node whether we want it; then called with each wanted node's data."""
+        try:
+            if not self._recording:
+                return not ask  # nothing wanted: ask -> False, data -> continue
+            j = self._tensor_of.get(self._ggml.ggml_get_name(tensor))
+            if ask:
+                return j is not None
+            if j is not None:
+                n = self._ggml.ggml_nelements(tensor)
+                if self._ggml.ggml_nbytes(tensor) != 4 * n:
+                    raise HyflashError("a feature tensor is not float32: this llama.cpp build is unsupported")
+                out = np.empty(n, dtype=np.float32)
+                self._ggml.ggml_backend_tensor_get(tensor, out.ctypes.data, 0, 4 * n)
+                self._parts[j].append(out.reshape(-1, self.hidden_size))
+        except BaseException as exc:  # an exception cannot cross the C boundary: re-raised after decode
+            self._callback_error = exc
+        return True
+
+    # ----- cached forward passes ---------------------------------------------------------------------------
+    @property
+    def cache_length(self) -> int:
+        return self._length
+
+    def reset(self) -> None:
+        llama_cpp.llama_memory_clear(self._mem, True)
+        self._length = 0
+
+    def rollback(self, length: int) -> None:
+        """Keep only the first `length` cached tokens."""
+        self._check_rollback(length)
+        if length < self._length:
+            if not llama_cpp.llama_memory_seq_rm(self._mem, 0, length, -1):
+                raise HyflashError(f"llama.cpp cannot roll {self.name}'s cache back to {length} tokens")
+            self._length = length
+
+    @torch.inference_mode()
+    def prefill(self, ids, features: bool = True) -> TargetOutput:
+        """Start a new sequence: reset the cache, run the prompt BATCH tokens per llama_decode.
+
+        Only the last position's logits ([1, V]), as in the transformers backend; features of every position."""
+        self.reset()
+        ids = [int(i) for i in torch.as_tensor(ids).view(-1).tolist()]
+        self.check_prompt_length(len(ids))
+        feats, logits = [], None
+        for start in range(0, len(ids), BATCH):
+            chunk = ids[start : start + BATCH]
+            last = start + len(chunk) == len(ids)
+            outputs = len(chunk) if features and self._all_outputs else int(last)
+            logits, f = self._decode(chunk, outputs, features)
+            feats.append(f)
+        return TargetOutput(logits=logits[-1:], features=torch.cat(feats) if features else None)
+
+    @torch.inference_mode()
+    def score(self, ids, features: bool = True) -> TargetOutput:
+        """Run a block on top of the cache; logits [q, V] and features [q, nF, H] for every block position."""
+        ids = [int(i) for i in torch.as_tensor(ids).view(-1).tolist()]
+        if self._length + len(ids) > self.max_context:
+            raise HyflashError(f"sequence would exceed the model's context of {self.max_context} tokens")
+        if len(ids) > BATCH:
+            raise ValueError(f"score() takes at most {BATCH} tokens per block")
+        logits, feats = self._decode(ids, len(ids), features)
+        return TargetOutput(logits=logits, features=feats)
+
+    def _decode(self, ids: list[int], outputs: int, features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One llama_decode of `ids` at the cache's end; logits of the last `outputs` positions."""
+        if features and not self.record_features:
+            raise HyflashError(f"{self.name} was loaded with record_features=False: it cannot give features")
+        q, batch = len(ids), self._batch
+        first_output = q - outputs
+        for i, token in enumerate(ids):
+            batch.token[i] = token
+            batch.pos[i] = self._length + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = i >= first_output
+        batch.n_tokens = q
+        self._parts = [[] for _ in self.feature_layers]
+        self._callback_error = None
+        self._recording = features
+        try:
+            rc = llama_cpp.llama_decode(self._ctx, batch)
+        finally:
+            self._recording = False
+        if self._callback_error is not None:
+            raise self._callback_error
+        if rc != 0:
+            raise HyflashError(f"llama.cpp decode failed (code {rc}) at {self._length} cached tokens")
+        self._length += q
+        logits = torch.empty(0, self.vocab_size)
+        if outputs:  # rows in batch order of the flagged positions
+            ptr = llama_cpp.llama_get_logits(self._ctx)
+            logits = torch.from_numpy(np.ctypeslib.as_array(ptr, shape=(outputs, self.vocab_size)).copy())
+        if not features:
+            return logits, None
+        layers = []
+        for j, i in enumerate(self.feature_layers):
+            if i == 0:
+                layers.append(self.embed(torch.tensor(ids)))
+                continue
+            rows = np.concatenate(self._parts[j]) if self._parts[j] else np.empty((0, self.hidden_size), np.float32)
+            if rows.shape[0] != q:
+                raise HyflashError(
+                    f"llama.cpp gave {rows.shape[0]} rows of feature layer {i} for {q} tokens: the "
+                    f"{self.architecture} graph does not name its layer outputs `l_out-N` as expected")
+            layers.append(torch.from_numpy(rows))
+        return logits, torch.stack(layers, dim=1)
