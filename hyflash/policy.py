@@ -175,7 +175,7 @@ class SpeculationPolicy:
         """Update the calibration (a tree counts as its source's chain reaching depth n_accepted: a slight
         over-estimate, since a tree's alternatives make each depth likelier to be reached)."""
         if draft is not None and len(draft.tokens):
-            self.calibrator.update(draft.source, draft.confidence_or_default()[: n_accepted + 1], n_accepted)
+            self.calibrator.update(draft.source, draft.confidence_or_default(), n_accepted)
 
     def stats(self) -> dict:
         return {"draft_sources": dict(self.sources), "draft_lengths": {int(k): v for k, v in sorted(self.lengths.items())}}

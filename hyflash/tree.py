@@ -53,7 +53,6 @@ class DraftTree:
         n = len(self)
         mask = torch.zeros(n + 1, n + 1, dtype=torch.bool)
         mask[:, 0] = True
-        mask[0, 0] = True
         for i in range(n):
             for j in self.path(i):
                 mask[i + 1, j + 1] = True

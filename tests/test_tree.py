@@ -10,7 +10,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hyflash import tree as tree_module
 from hyflash.tree import DraftTree, build_tree, verify_tree
 
 
@@ -82,10 +81,9 @@ def _sample_sequence(root: int, generator) -> tuple[int, ...]:
     return tuple(out[:LENGTH])
 
 
-def _chi_square(root: int, runs: int) -> tuple[float, int, int]:
+def _chi_square(root: int, runs: int) -> tuple[float, int]:
     g = torch.Generator().manual_seed(0)
     counts: dict = {}
-    deep = 0
     for _ in range(runs):
         seq = _sample_sequence(root, g)
         counts[seq] = counts.get(seq, 0) + 1
@@ -96,7 +94,7 @@ def _chi_square(root: int, runs: int) -> tuple[float, int, int]:
             p *= float(TABLE[prev, t])
             prev = t
         stat += (counts.get(seq, 0) - p * runs) ** 2 / (p * runs)
-    return stat, V**LENGTH - 1, deep
+    return stat, V**LENGTH - 1
 
 
 def _critical(df: int, z: float = 3.09) -> float:
@@ -106,15 +104,13 @@ def _critical(df: int, z: float = 3.09) -> float:
 def test_tree_sampling_matches_the_target_distribution():
     tree = build_tree(DRAFT, budget=7, width=2)
     assert max(tree.depths) >= 3  # paths at least 3 deep
-    stat, df, _ = _chi_square(root=0, runs=4000)
+    stat, df = _chi_square(root=0, runs=4000)
     assert stat < _critical(df), f"chi2 {stat:.1f} on {df} df"
 
 
 def test_the_tree_test_catches_a_wrong_rule(monkeypatch):
     """Accepting each child with its raw probability p(c), without renormalising the residual after a
     rejected sibling (a plausible bug), must fail the same check."""
-    original = tree_module.verify_tree
-
     def no_renormalising(tree, target_probs, greedy, generator):
         path, node = [], -1
         while True:
@@ -129,16 +125,9 @@ def test_the_tree_test_catches_a_wrong_rule(monkeypatch):
             path.append(chosen)
             node = chosen
 
-    monkeypatch.setattr(sys_module(), "verify_tree", no_renormalising)
-    stat, df, _ = _chi_square(root=0, runs=4000)
-    monkeypatch.setattr(sys_module(), "verify_tree", original)
+    monkeypatch.setattr(f"{__name__}.verify_tree", no_renormalising)  # _sample_sequence's binding
+    stat, df = _chi_square(root=0, runs=4000)
     assert stat > _critical(df)
-
-
-def sys_module():
-    import sys
-
-    return sys.modules[__name__]
 
 
 @pytest.mark.parametrize("budget", [1, 4, 16])

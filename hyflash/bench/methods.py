@@ -220,14 +220,12 @@ def build_methods(names, drafters: dict[str, str], target, pld_tokens: int = 10,
 
 
 def _load_drafter(spec: str, target):
+    """What `generate --drafter SPEC` runs (for 'default': the hybrid build_drafter makes), except that a
+    missing shipped drafter is an error here instead of a quiet n-gram fall-back."""
     from hyflash.cli import build_drafter
 
-    drafter = build_drafter(_drafter_folder(spec, target), target)
-    if spec == "default":
-        from hyflash.drafters.hybrid import HybridDrafter
-
-        drafter = HybridDrafter(drafter)
-    return drafter
+    folder = _drafter_folder(spec, target)
+    return build_drafter("default" if spec == "default" else folder, target)
 
 
 def drafter_identity(spec: str, target) -> dict:
