@@ -36,7 +36,7 @@ def test_sets_are_deterministic_and_extend(target, name):
 def test_stdlib_sets_use_only_heldout_modules(target):
     training = {m for m in stdlib_modules() if split_of(m) == "train"}
     assert training and not training & set(heldout_stdlib_modules())
-    for name in ["code", *LONG_PREFIX_TOKENS]:
+    for name in ["code", "chat", *LONG_PREFIX_TOKENS]:
         for p in load_set(name, target, 4, MAX_NEW):
             assert split_of(p.source) == "heldout" and p.source not in training
 
@@ -53,6 +53,12 @@ def test_humaneval_is_chat_and_prose_is_not_stdlib(target):
     assert all(p.chat and p.source.startswith("HumanEval/") for p in load_set("humaneval", target, 4, MAX_NEW))
     stdlib = set(stdlib_modules())
     assert all(not p.chat and p.source not in stdlib for p in load_set("prose", target, 4, MAX_NEW))
+
+
+def test_chat_set_is_heldout_chat_prompts_that_complete_or_write_functions(target):
+    prompts = load_set("chat", target, 6, MAX_NEW)
+    assert all(p.chat and p.item_id.split(":")[1] in ("complete", "write") for p in prompts)
+    assert {p.item_id.split(":")[1] for p in load_set("chat", target, 200, MAX_NEW)} == {"complete", "write"}
 
 
 def test_unknown_set_is_a_clear_error(target):

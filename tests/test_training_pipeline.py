@@ -67,6 +67,18 @@ def test_prompts_split_by_module_and_deterministic(fake_stdlib):
         build_prompts("test", root=fake_stdlib)
 
 
+def test_data_kinds_filter_keeps_only_the_named_kinds(fake_stdlib):
+    from hyflash.training.data import DataConfig, select_prompts
+
+    every = select_prompts(DataConfig(num_prompts=0, source_root=str(fake_stdlib), long_chars=300, long_every=0))
+    only = select_prompts(DataConfig(num_prompts=0, source_root=str(fake_stdlib), long_chars=300, long_every=0,
+                                     kinds="long, write"))
+    assert {p.kind for p in every} > {"long", "write"}
+    assert only == [p for p in every if p.kind in ("long", "write")] and only
+    with pytest.raises(HyflashError, match="--kinds .*unknown: poem"):
+        DataConfig(kinds="long,poem")
+
+
 def _tiny_data(target, folder: Path, n: int = 12, prompt: int = 8, new: int = 24, seed: int = 0) -> TokenDataset:
     prompts = torch.randint(0, target.vocab_size, (n, prompt), generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
@@ -344,6 +356,13 @@ def test_build_dataset_resumes_extends_and_records_features(fake_stdlib, tmp_pat
     recorded = cache.get(data.keys[0], len(seq))
     forced, _ = teacher_features(target, torch.as_tensor(seq)[None], torch.tensor([len(seq)]))
     torch.testing.assert_close(recorded[:-1], forced[0, :-1], rtol=1e-4, atol=1e-4)
+    # Filed for a bfloat16 run: the bfloat16 cache folder holds them, rounded to bfloat16.
+    build_dataset(cfg, tmp_path / "data-bf16", target=target, progress=False, feature_cache=tmp_path / "fc",
+                  feature_dtype="bfloat16")
+    as_bf16 = FeatureCache(tmp_path / "fc", target, torch.bfloat16)
+    assert as_bf16.folder != cache.folder
+    filed = as_bf16.get(data.keys[0], len(seq))
+    assert filed.dtype == torch.bfloat16 and torch.equal(filed, recorded.to(torch.bfloat16))
 
     # A killed run: shard 1 never made it into the manifest. Resuming regenerates exactly it.
     manifest["shards"] = [s for s in manifest["shards"] if s["index"] != 1]
@@ -375,6 +394,23 @@ def test_drafter_is_exported_before_the_final_evaluation(llama_target, tmp_path,
     with pytest.raises(RuntimeError, match="evaluation died"):
         train_module.train(_small_run(tmp_path / "d", tmp_path / "run", steps=2), progress=False, target=llama_target)
     assert (tmp_path / "run" / "drafter" / "model.safetensors").exists()
+
+
+def test_eval_at_adds_evaluations_at_the_listed_steps(llama_target, tmp_path, monkeypatch):
+    from hyflash.training import evaluate
+    from hyflash.training import train as train_module
+
+    _tiny_data(llama_target, tmp_path / "d")
+    monkeypatch.setattr(train_module, "_heldout_prompts", lambda target, config: [[1, 2, 3]])
+    seen = []
+    monkeypatch.setattr(evaluate, "heldout_tau", lambda model, *a: seen.append(1) or {"tau": float(len(seen))})
+    train_module.train(_small_run(tmp_path / "d", tmp_path / "run", steps=5, eval_at="1,3"), progress=False,
+                       target=llama_target)
+    log = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if "eval" in r] == [1, 3, 5]  # the listed steps, then the end
+    for bad in ("0", "ten", "3,-1"):
+        with pytest.raises(HyflashError, match="--eval-at"):
+            _small_run(tmp_path / "d", tmp_path / "bad", eval_at=bad)
 
 
 def _cropped_data(target, folder: Path) -> tuple[TokenDataset, list[list[int]]]:

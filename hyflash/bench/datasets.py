@@ -1,6 +1,8 @@
 """Registry of evaluation sets. Every set is deterministic and held out from drafter training.
 
   humaneval   HumanEval prompts in chat format ("Complete the following Python function"), short context
+  chat        chat prompts that complete or write a Python function, from held-out standard-library modules
+              (the training prompts' own kinds and templates, never their modules)
   code        raw continuation of 1k-token prefixes of held-out standard-library modules
   long-2k/4k/8k  raw continuation of 2k/4k/8k-token prefixes of the *same* big held-out modules, so the
               three sets differ only in how much context the drafter sees (the HyFlash claim is about that)
@@ -131,6 +133,19 @@ def build_humaneval(target, n: int, max_new_tokens: int) -> list[BenchPrompt]:
     return out
 
 
+# ----- held-out chat prompts ----------------------------------------------------------------------------
+def build_chat(target, n: int, max_new_tokens: int) -> list[BenchPrompt]:
+    from hyflash.training.prompts import build_prompts
+
+    prompts = [p for p in build_prompts("heldout", long_chars=0) if p.kind in ("complete", "write")]
+    by_id = {f"{p.module}:{p.kind}:{hashlib.sha256(p.text.encode()).hexdigest()[:8]}": p for p in prompts}
+    out = []
+    for item_id in stable_order(by_id)[:n]:
+        p = by_id[item_id]
+        out.append(BenchPrompt("chat", item_id, p.module, tuple(target.encode_prompt(p.text, chat=None)), chat=True))
+    return out
+
+
 # ----- prose ---------------------------------------------------------------------------------------------
 def package_descriptions() -> dict[str, str]:
     """Long descriptions (README text) of installed distributions, keyed by name; duplicates dropped."""
@@ -166,6 +181,7 @@ SETS: dict[str, EvalSet] = {
     s.name: s
     for s in [
         EvalSet("humaneval", "HumanEval prompts, chat template", 150, build_humaneval),
+        EvalSet("chat", "held-out stdlib functions to complete or write, chat template", 200, build_chat),
         EvalSet("code", "held-out stdlib modules, 1k-token prefix", CODE_PREFIX_TOKENS, build_code),
         *[
             EvalSet(name, f"held-out big stdlib modules, {tokens // 1024}k-token prefix", tokens, _build_long(name))

@@ -48,6 +48,9 @@ def add_cli(sub) -> None:
     p.add_argument("--feature-cache", default="",
                    help="also store the target's features, recorded while generating, in this folder "
                         "(for `hyflash train --feature-cache`; not part of the data folder)")
+    p.add_argument("--feature-dtype", default="", choices=["", "bfloat16", "float32"],
+                   help="file the features for a training run in this dtype (default: --dtype); e.g. generate "
+                        "long sequences in float32, which decodes them faster, for a bfloat16 training run")
     _add_dataclass_args(p, DataConfig, helps={"split": "train | heldout (disjoint stdlib modules)",
                                               "num_prompts": "how many prompts; 0 = all of the split"})
     p.add_argument("--no-progress", action="store_true")
@@ -78,7 +81,8 @@ def cmd_data(args) -> int:
     from hyflash.training.data import DataConfig, build_dataset
 
     config = _from_args(DataConfig, args)
-    manifest = build_dataset(config, Path(args.out), progress=not args.no_progress, feature_cache=args.feature_cache)
+    manifest = build_dataset(config, Path(args.out), progress=not args.no_progress, feature_cache=args.feature_cache,
+                             feature_dtype=args.feature_dtype)
     shards = manifest["shards"]
     print(
         f"{args.out}: {sum(s['sequences'] for s in shards)} sequences, {sum(s['tokens'] for s in shards)} tokens "

@@ -8,7 +8,7 @@ from hyflash.errors import HyflashError
 
 # Fields that do not change what is computed: they may differ between a run and its resumption.
 BOOKKEEPING = ("out", "save_every", "keep_checkpoints", "log_every", "eval_every", "eval_prompts",
-               "eval_new_tokens", "threads", "feature_cache", "plot")
+               "eval_new_tokens", "eval_at", "threads", "feature_cache", "plot")
 
 
 @dataclass
@@ -55,6 +55,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     log_every: int = 10
     eval_every: int = 0  # held-out tau by real speculative decoding every N steps (0 = only at the end)
+    eval_at: str = ""  # comma list of further steps to evaluate at (e.g. log-spaced, for a scaling curve)
     eval_prompts: int = 6
     eval_new_tokens: int = 64
     save_dtype: str = "bfloat16"  # dtype of the exported drafter weights
@@ -79,6 +80,14 @@ class TrainConfig:
         need(self.onpolicy_objective in ("reopold", "acceptance"),
              f"onpolicy_objective must be reopold or acceptance, got {self.onpolicy_objective!r}")
         need(self.save_dtype in ("bfloat16", "float32", "float16"), f"unknown save_dtype {self.save_dtype!r}")
+        try:
+            steps = self.eval_steps()
+        except ValueError:
+            steps = [-1]
+        need(all(s >= 1 for s in steps), f"--eval-at must be a comma list of steps >= 1, got {self.eval_at!r}")
+
+    def eval_steps(self) -> set[int]:
+        return {int(s) for s in self.eval_at.split(",") if s.strip()}
 
     def fingerprint(self) -> dict:
         """What a checkpoint must agree with to be resumed: everything that shapes the trajectory."""

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from hyflash.errors import HyflashError
-from hyflash.training.prompts import Prompt, build_prompts
+from hyflash.training.prompts import PROMPT_KINDS, Prompt, build_prompts
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -58,6 +58,7 @@ class DataConfig:
     long_per_module: int = 1  # long prompts per big module (each a different cut point)
     multiturn_every: int = 0  # every n-th further function of a module as a two-turn chat; 0 = none
     prose_per_package: int = 0  # docstring-continuation prompts per installed package; 0 = none
+    kinds: str = ""  # comma list of prompt kinds to keep (e.g. "long" for a long-context folder); "" = all
 
     def __post_init__(self) -> None:
         """Refuse nonsensical numbers up front (before any model loads), naming the command-line option."""
@@ -75,10 +76,15 @@ class DataConfig:
         check("sampled_fraction", 0.0 <= self.sampled_fraction <= 1.0, "between 0 and 1")
         check("temperature", self.temperature >= 0.0, ">= 0")
         check("top_p", 0.0 < self.top_p <= 1.0, "in (0, 1]")
+        unknown = sorted(set(self.kind_list()) - set(PROMPT_KINDS))
+        check("kinds", not unknown, f"a comma list of {', '.join(PROMPT_KINDS)} (unknown: {', '.join(unknown)})")
+
+    def kind_list(self) -> list[str]:
+        return [k.strip() for k in self.kinds.split(",") if k.strip()]
 
 
 # Settings added after data folders were first written, with the values that reproduce those folders.
-_ADDED_SETTINGS = {"per_module": 4, "long_per_module": 1, "multiturn_every": 0, "prose_per_package": 0}
+_ADDED_SETTINGS = {"per_module": 4, "long_per_module": 1, "multiturn_every": 0, "prose_per_package": 0, "kinds": ""}
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -102,8 +108,11 @@ def select_prompts(config: DataConfig) -> list[Prompt]:
         long_per_module=config.long_per_module, multiturn_every=config.multiturn_every,
         prose_per_package=config.prose_per_package,
     )
+    keep = set(config.kind_list()) or set(PROMPT_KINDS)
     out, since_long = [], config.long_every
     for p in prompts:
+        if p.kind not in keep:
+            continue
         if p.kind == "long":
             if since_long < config.long_every:
                 continue
@@ -231,12 +240,14 @@ def _same_settings(stored: dict, config: DataConfig) -> bool:
 
 
 def build_dataset(
-    config: DataConfig, out: Path, target=None, progress: bool = True, feature_cache: str | Path = ""
+    config: DataConfig, out: Path, target=None, progress: bool = True, feature_cache: str | Path = "",
+    feature_dtype: str = "",
 ) -> dict:
     """Create or resume a data folder. Returns the manifest.
 
     feature_cache: also store the target's features of every sequence there (recorded during generation,
-    at no extra target passes) for `hyflash train --feature-cache` to read instead of recomputing."""
+    at no extra target passes) for `hyflash train --feature-cache` to read instead of recomputing.
+    feature_dtype: file them for a training run in this dtype instead of the generating one (see FeatureCache)."""
     from safetensors.numpy import save
 
     out.mkdir(parents=True, exist_ok=True)
@@ -266,7 +277,9 @@ def build_dataset(
     if feature_cache:
         from hyflash.training.features import FeatureCache
 
-        cache = FeatureCache(Path(feature_cache), target)
+        from hyflash.targets import DTYPES
+
+        cache = FeatureCache(Path(feature_cache), target, DTYPES[feature_dtype] if feature_dtype else None)
     done = {s["index"] for s in manifest["shards"] if s["index"] < n_shards and s["sequences"] == wanted(s["index"])}
     manifest["shards"] = [s for s in manifest["shards"] if s["index"] in done]
 

@@ -82,10 +82,15 @@ def teacher_features(
 class FeatureCache:
     """One feature file per sequence under `root/<target key>/`, named by its data shard's checksum and its
     index in the shard, so data generation and training (and any later data folder) share it. Features
-    cover the *whole* sequence (full context, as at inference); training crops them like the tokens."""
+    cover the *whole* sequence (full context, as at inference); training crops them like the tokens.
 
-    def __init__(self, root: Path, target):
-        ident = {"target": target.signature(), "name": str(target.name), "dtype": str(target.dtype)}
+    `dtype` files the features under another dtype's folder, stored in that dtype: long sequences decode
+    2-3x faster in float32 on some CPUs, and their features then serve a bfloat16 training run (they are
+    what the bfloat16 target computes, up to its rounding)."""
+
+    def __init__(self, root: Path, target, dtype: torch.dtype | None = None):
+        self.dtype = dtype
+        ident = {"target": target.signature(), "name": str(target.name), "dtype": str(dtype or target.dtype)}
         key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
         self.folder = Path(root) / key
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -121,6 +126,8 @@ class FeatureCache:
 
         path = self._path(key)
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        if self.dtype is not None:
+            features = features.to(self.dtype)
         save_file({"features": features.contiguous()}, str(tmp))
         os.replace(tmp, path)
 

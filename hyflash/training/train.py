@@ -210,6 +210,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True, targ
     if batches_per_epoch == 0:
         raise HyflashError(f"{len(dataset)} sequences are fewer than one batch of {config.batch_size}")
     eval_prompts = _heldout_prompts(target, config) if rank == 0 else []
+    eval_steps = config.eval_steps()
 
     from tqdm import tqdm
 
@@ -294,7 +295,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True, targ
                 dist.barrier()
         if rank == 0 and done == config.steps:  # before the final evaluation: a run that dies in it keeps it
             export_drafter(model, target, drafter_dir, config.save_dtype)
-        want_eval = config.eval_every and done % config.eval_every == 0
+        want_eval = (config.eval_every and done % config.eval_every == 0) or done in eval_steps
         if rank == 0 and (want_eval or done == config.steps) and eval_prompts:
             from hyflash.training.evaluate import heldout_tau
 
