@@ -4,7 +4,10 @@ Speculation pays only when verifying q tokens costs less than q plain steps woul
 machine and dtype (on a Zen 3 CPU without native bf16, a 16-token bf16 pass costs 7 plain steps; on a Xeon
 with AMX, 1.4), so nothing is assumed: `calibrate` times c(q) = one cached target pass over q tokens, q = 1..16,
 at a few context lengths, and the drafter's draft and ingest steps, for each dtype asked. Results are cached
-per machine (CPU model and flags, threads, torch and transformers versions, model, dtype), so it runs once.
+per machine (CPU model and flags, threads, torch version, model, dtype) and backend (transformers: its
+version; llama.cpp: its version, a fingerprint of the GGUF file and the settings that change a pass's cost),
+so it runs once, and curves of the two backends never mix. On llama.cpp the GGUF's own quantisation runs:
+there is one curve per file, under dtype "auto".
 
 `hyflash calibrate` prints the table and draws the curves; `policy.py` turns them into decisions.
 """
@@ -106,27 +109,34 @@ def physical_cores() -> int:
     return max(1, min(len(cores) or len(allowed), len(allowed)))
 
 
-def machine_key(model: str, dtype: str) -> dict:
-    import transformers
-
+def machine_key(model: str, dtype: str, target=None) -> dict:
+    """What a cost curve is valid for. A transformers target needs nothing loaded (its key is versions only);
+    a llama.cpp target adds its own identity (calibration_identity: library, file, settings)."""
     cpu, flags = _cpu_description()
-    return {
+    key = {
         "cpu": cpu,
         "cpu_flags_sha256": flags,
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
-        "transformers": transformers.__version__,
         "python": sys.version.split()[0],
         "model": model,
         "dtype": dtype,
     }
+    if getattr(target, "backend", "transformers") == "transformers":
+        import transformers
+
+        key.update(backend="transformers", transformers=transformers.__version__)
+    else:
+        key.update(target.calibration_identity())
+    return key
 
 
 def cache_path(key: dict) -> Path:
     from hyflash.targets import cache_root
 
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    return cache_root() / "calibration" / f"{key['model'].replace('/', '_')}-{key['dtype']}-{digest}.json"
+    name = f"{key['model'].replace('/', '_')}-{key['backend']}-{key['dtype']}-{digest}.json"
+    return cache_root() / "calibration" / name
 
 
 def _median_ms(fn, reps: int) -> float:
@@ -185,10 +195,20 @@ def measure_drafter(target, drafter, context: int = DEFAULT_CONTEXTS[0], reps: i
 
 
 def calibrate(model: str, dtype: str, drafter_spec: str | None = "default", contexts=DEFAULT_CONTEXTS,
-              reps: int = 3, use_cache: bool = True, target=None, announce=None) -> tuple[CostCurve, bool]:
-    """The cost curve of (model, dtype) on this machine: from the cache, else measured and cached.
-    Returns (curve, measured_now); `announce(line)` is told before a measurement starts."""
-    key = machine_key(model, dtype)
+              reps: int = 3, use_cache: bool = True, target=None, announce=None,
+              backend: str = "transformers") -> tuple[CostCurve, bool]:
+    """The cost curve of (model, dtype) on `backend` on this machine: from the cache, else measured and cached.
+    Returns (curve, measured_now); `announce(line)` is told before a measurement starts.
+
+    On llama.cpp, dtype is "auto" and the target is loaded first (well under a second): its file and settings
+    are part of the key. It records features only if the drafter reads them (drafter_needs_features)."""
+    from hyflash.targets import load_target
+
+    if target is None and backend != "transformers":
+        from hyflash.cli import drafter_needs_features
+
+        target = load_target(model, dtype, backend, record_features=drafter_needs_features(drafter_spec, model))
+    key = machine_key(model, dtype, target)
     path = cache_path(key)
     if use_cache and path.exists():
         try:
@@ -197,11 +217,7 @@ def calibrate(model: str, dtype: str, drafter_spec: str | None = "default", cont
                 return CostCurve.from_dict(data["curve"]), False
         except (OSError, json.JSONDecodeError, KeyError, TypeError):
             pass  # a corrupt cache entry is simply measured again
-    from hyflash.targets import Target
-
-    if announce:
-        announce(f"hyflash: measuring {model} in {dtype} on this machine (about 20 s, once) ...")
-    target = target or Target.load(model, dtype=dtype)
+    target = target or load_target(model, dtype, backend)
     drafter = None
     if drafter_spec:
         from hyflash.cli import build_drafter
@@ -209,17 +225,27 @@ def calibrate(model: str, dtype: str, drafter_spec: str | None = "default", cont
         try:
             drafter = build_drafter(drafter_spec, target, quiet=True)
         except HyflashError:
-            drafter = None
+            # The default drafter only adds its step time to the curve; a drafter the caller named (a folder
+            # built for another target, say) is an error to report now, not after the measurement.
+            if drafter_spec != "default":
+                raise
+    if announce:
+        announce(f"hyflash: measuring {model} {describe(dtype, backend)} on this machine (about 20 s, once) ...")
     pass_ms = measure_target(target, contexts, reps=reps, features=drafter is None or drafter.needs_features)
     draft_ms = ingest_ms = None
     if drafter is not None:
         draft_ms, ingest_ms = measure_drafter(target, drafter, contexts[0])
-    curve = CostCurve(model, dtype, [int(c) for c in contexts], pass_ms, draft_ms, ingest_ms, key)
+    curve = CostCurve(model, target.precision, [int(c) for c in contexts], pass_ms, draft_ms, ingest_ms, key)
     from hyflash.training.data import atomic_write_json
 
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, {"version": FORMAT_VERSION, "curve": curve.to_dict()})
     return curve, True
+
+
+def describe(dtype: str, backend: str = "transformers") -> str:
+    """'in bfloat16', or 'on llama.cpp' (which runs the GGUF's own quantisation): for messages."""
+    return f"in {dtype}" if backend == "transformers" else f"on {backend}"
 
 
 def table(curves: list[CostCurve]) -> str:

@@ -14,8 +14,9 @@ from hyflash.sampling import SamplingConfig
 
 
 def run_demo(args) -> int:
-    print(f"loading {args.model} ...", flush=True)
-    target, drafter, policy, choice = engine.load(args.model, args.dtype, args.drafter, args.adaptive, args.tree)
+    print(f"loading {args.model} on {args.backend} ...", flush=True)
+    target, drafter, policy, choice = engine.load(args.model, args.dtype, args.drafter, args.adaptive, args.tree,
+                                                  backend=args.backend)
     print(f"dtype {choice.dtype} ({choice.reason}); draft length: "
           f"{'adaptive, from the measured cost curve' if args.adaptive else 'the whole block'}", flush=True)
     dtype = choice.dtype
@@ -42,7 +43,7 @@ def run_demo(args) -> int:
             diverge = next((j for j, (a, b) in enumerate(zip(plain.tokens, spec.tokens)) if a != b),
                            min(len(plain.tokens), len(spec.tokens)))
             print(f"    first difference at token {diverge} (expected in {dtype}: multi-token passes "
-                  "round differently; in float32 the outputs are identical)")
+                  "round differently; in float32, and on llama.cpp, the outputs are identical)")
     print("\n| prompt | plain tok/s | speculative tok/s | speed-up | tau | draft memory | identical |")
     print("|---|---|---|---|---|---|---|")
     for item_id, plain, spec, same, speedup in rows:

@@ -4,6 +4,10 @@
 calibration.py) and picks the dtype with the best expected throughput for what will run: plain decoding, or
 speculative decoding with a drafter. An explicit dtype always wins. The target is never quantised behind the
 user's back: dtypes only, the same weights.
+
+`--backend llama.cpp` runs the GGUF file itself in its own quantisation, so there is no dtype to choose:
+only its cost curve is read (for the adaptive draft length), and the target records features only when the
+drafter reads them.
 """
 
 from __future__ import annotations
@@ -12,10 +16,11 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from hyflash.calibration import CostCurve, calibrate
+from hyflash.calibration import CostCurve, calibrate, describe
 from hyflash.policy import PolicyConfig, SpeculationPolicy, choose_dtype
 
 AUTO_CANDIDATES = ("float32", "bfloat16")
+GGUF_DTYPE = "auto"  # the only --dtype of the llama.cpp backend: the file's own quantisation
 
 
 def _stderr(line: str) -> None:
@@ -32,14 +37,17 @@ class DtypeChoice:
         return {"dtype": self.dtype, "dtype_reason": self.reason}
 
 
-def cost_curves(model: str, dtypes, log: Callable[[str], None] = _stderr) -> dict[str, CostCurve]:
+def cost_curves(model: str, dtypes, log: Callable[[str], None] = _stderr, backend: str = "transformers",
+                target=None, drafter: str = "default") -> dict[str, CostCurve]:
     """Cached curves, measuring (and saying so) the ones this machine has not measured yet."""
     curves = {}
     for dtype in dtypes:
-        curve, measured = calibrate(model, dtype, use_cache=True, announce=log)
+        curve, measured = calibrate(model, dtype, drafter, use_cache=True, announce=log, backend=backend,
+                                    target=target)
         curves[dtype] = curve
         if measured:
-            log(f"hyflash: calibrated {model} in {dtype} on this machine (once; cached, see `hyflash calibrate`)")
+            log(f"hyflash: calibrated {model} {describe(dtype, backend)} on this machine "
+                "(once; cached, see `hyflash calibrate`)")
     return curves
 
 
@@ -57,14 +65,31 @@ def choose(model: str, dtype: str, with_drafter: bool, block: int = 8, calibrate
     return DtypeChoice(best, why, curves[best])
 
 
+def prepare(model: str, dtype: str = "auto", backend: str = "transformers", drafter: str = "default",
+            calibrated: bool = True, log: Callable[[str], None] = _stderr):
+    """(target, DtypeChoice): the target on `backend`, in the dtype chosen for running `drafter` ('none' =
+    plain decoding), with the cost curve the adaptive policy reads (calibrated=False: none)."""
+    from hyflash.cli import drafter_needs_features
+    from hyflash.targets import load_target
+
+    with_drafter = drafter != "none"
+    if backend == "transformers":
+        choice = choose(model, dtype, with_drafter, calibrated=calibrated, log=log)
+        return load_target(model, choice.dtype, backend), choice
+    # Loaded first: it checks --dtype and the file, and calibration keys on the file and the target's settings.
+    target = load_target(model, dtype, backend, record_features=drafter_needs_features(drafter, model))
+    curve = None
+    if calibrated and with_drafter:
+        curve = cost_curves(model, [GGUF_DTYPE], log, backend, target, drafter)[GGUF_DTYPE]
+    return target, DtypeChoice(target.precision, f"{backend} runs the GGUF's own quantisation", curve)
+
+
 def load(model: str, dtype: str = "auto", drafter: str = "default", adaptive: bool = True, tree: int = 0,
-         log: Callable[[str], None] = _stderr):
+         log: Callable[[str], None] = _stderr, backend: str = "transformers"):
     """(target, drafter or None, policy, DtypeChoice) ready for `decoding.generate`."""
     from hyflash.cli import build_drafter
-    from hyflash.targets import Target
 
-    choice = choose(model, dtype, with_drafter=drafter != "none", calibrated=adaptive, log=log)
-    target = Target.load(model, dtype=choice.dtype)
+    target, choice = prepare(model, dtype, backend, drafter, calibrated=adaptive, log=log)
     built = build_drafter(drafter, target)
     policy = SpeculationPolicy(choice.curve if adaptive else None, PolicyConfig(adaptive=adaptive, tree=tree))
     return target, built, policy, choice

@@ -89,14 +89,21 @@ def test_speedup_is_a_ratio_within_one_run():
         )
 
     rows = summarise([
-        record("plain", 10, 1.0), record("plain", 10, 1.0),
+        record("plain", 10, 1.0), record("plain", 10, 1.0), record("llamacpp-plain", 30, 1.0),
         record("hf-prompt-lookup", 20, 1.0), record("ngram", 20, 0.5), record("ngram", 20, 1.5),
+        record("plain", 10, 1.0, set_name="prose"), record("ngram", 20, 1.0, set_name="prose"),
     ])
-    by = {r["method"]: r for r in rows}
+    by = {r["method"]: r for r in rows if r["set"] == "code"}
     assert by["plain"]["speedup"] == 1.0
     assert by["ngram"]["speedup"] == pytest.approx(2.0)  # 40 tokens in 2 s vs 20 in 2 s (pooled, not averaged)
     assert by["ngram"]["speedup_vs_hf_pld"] == pytest.approx(1.0)
     assert by["ngram"]["speedup_vs_hf_plain"] is None  # not measured in this run: never invented
+    # Against the fastest plain decoding of the same set and temperature: llama.cpp's 30 tok/s here.
+    assert {r["fastest_plain"] for r in by.values()} == {"llamacpp-plain"}
+    assert by["ngram"]["speedup_vs_fastest_plain"] == pytest.approx(20 / 30)
+    assert by["llamacpp-plain"]["speedup_vs_fastest_plain"] == 1.0
+    prose = {r["method"]: r for r in rows if r["set"] == "prose"}
+    assert prose["ngram"]["fastest_plain"] == "plain" and prose["ngram"]["speedup_vs_fastest_plain"] == 2.0
 
 
 def test_quick_mode_is_small_and_valid():
@@ -115,3 +122,25 @@ def test_default_drafter_never_silently_becomes_ngram():
     (method,) = build_methods([], {"default": "default"}, word_target())
     with pytest.raises(HyflashError, match="no default drafter"):
         method.drafter()
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_llama_cpp_peers_are_skipped_with_a_note(monkeypatch, tmp_path, installed):
+    """Without llama-cpp-python, or for a model that has no GGUF (the tiny test model), the llama.cpp peers are
+    skipped with the reason, in results.json and the table, and the other methods run."""
+    import sys
+
+    from hyflash.bench.report import markdown_table
+
+    if installed:
+        pytest.importorskip("llama_cpp")
+    else:
+        monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` raises ImportError
+    config = BenchConfig(sets=("prose",), n=1, max_new_tokens=4, temperatures=(0.0,),
+                         methods=("plain", "llamacpp-plain", "llamacpp-prompt-lookup"), memory_contexts=())
+    results = run_bench(config, target=word_target(), out_dir=tmp_path, log=lambda _: None)
+    assert {r["method"] for r in results["summary"]} == {"plain"} and not results["errors"]
+    reason = "not installed" if not installed else "GGUF"
+    assert set(results["skipped"]) == {"llamacpp-plain", "llamacpp-prompt-lookup"}
+    assert all(reason in why for why in results["skipped"].values()), results["skipped"]
+    assert "Method llamacpp-plain skipped:" in markdown_table(results)

@@ -35,6 +35,7 @@ def test_help_lists_every_command(capsys):
         (["--prompt", "hi", "--top-p", "0"], "top-p"),
         (["--prompt", "hi", "--top-p", "1.5"], "top-p"),
         (["--prompt", "hi", "--model", "no-such-model"], "unknown model 'no-such-model'"),
+        (["--prompt", "hi", "--backend", "llama.cpp", "--dtype", "float32"], "does not apply to the llama.cpp"),
     ],
 )
 def test_cheap_bad_input(capsys, argv, needle):

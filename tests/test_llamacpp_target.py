@@ -4,6 +4,7 @@ embedding / LM head a drafter borrows."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -173,3 +174,119 @@ def test_a_target_without_the_eval_callback_decodes_the_same_text(lcpp):
         generate(lcpp, ids, None, max_new_tokens=24).tokens
     with pytest.raises(HyflashError, match="record_features=False"):
         bare.prefill(ids, features=True)
+
+
+# ----- the command line, the bench and calibration on this backend ---------------------------------------------
+
+COPY_PROMPT = "Write a Python function is_even(n) and a function is_odd(n) that calls is_even(n)."
+
+
+def _cli_json(capsys, argv: list[str]) -> dict:
+    from hyflash.cli import main
+
+    assert main(argv) == 0, capsys.readouterr().err
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter, adaptive", [("ngram", False), ("default", True)])
+def test_cli_generate_on_llama_cpp_equals_llama_cpps_own_greedy(capsys, monkeypatch, lcpp, drafter, adaptive):
+    """`generate --backend llama.cpp` through engine.load gives exactly llama-cpp-python's own greedy text of
+    the same file: the n-gram drafter verifying whole drafts (on a prompt it can copy from, so drafts are
+    verified and rolled back), and the shipped hybrid drafter on llama.cpp features under the adaptive policy
+    (its cost curve calibrated on this backend; on a steep curve it may choose plain steps)."""
+    monkeypatch.setenv("HYFLASH_THREADS", "1")  # the thread count of lcpp, hence of the reference run
+    out = _cli_json(capsys, ["generate", "--backend", "llama.cpp", "--prompt", COPY_PROMPT, "--max-new-tokens",
+                             "24", "--drafter", drafter, "--json", *([] if adaptive else ["--no-adaptive"])])
+    reference = _llama_cpp_greedy(lcpp, lcpp.encode_prompt(COPY_PROMPT), 24)
+    assert out["tokens"] == reference and len(reference) == 24  # no early end of text: all 24 compared
+    assert out["backend"] == "llama.cpp" and out["dtype"] == "Q4_1"
+    if not adaptive:
+        assert out["drafted_by_position"] and out["target_passes"] < len(reference), "no draft was accepted"
+
+
+def test_cli_bad_gguf_or_dtype_is_one_line_error(capsys, tmp_path, monkeypatch):
+    from hyflash.cli import main
+
+    monkeypatch.setenv("HYFLASH_THREADS", "1")  # main() sets torch's threads: keep the suite's one
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + os.urandom(500))
+    cases = [(["--dtype", "float32"], "does not apply"), (["--model", str(tmp_path / "missing.gguf")], "no GGUF file"),
+             (["--model", str(bad)], "corrupt"), (["--model", "no-such-model"], "not a built-in name")]
+    for options, needle in cases:
+        assert main(["generate", "--backend", "llama.cpp", "--prompt", "hi", *options]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("hyflash: error:") and "\n" not in err and needle in err, (options, err)
+
+
+@pytest.mark.slow
+def test_cli_drafter_for_another_target_is_one_line_error(capsys, tmp_path, monkeypatch, llama_target):
+    """A drafter folder made for the tiny Llama (hidden 32) is refused by SmolLM2 on llama.cpp (hidden 576),
+    before anything is calibrated."""
+    from hyflash.cli import main
+    from hyflash.drafters.config import DrafterConfig
+    from hyflash.drafters.model import DrafterModel
+
+    monkeypatch.setenv("HYFLASH_THREADS", "1")
+    monkeypatch.setenv("HYFLASH_CACHE", str(tmp_path / "cache"))  # an empty cache: nothing measured yet
+    folder = DrafterModel(DrafterConfig.for_target(llama_target, kind="hyflash"), llama_target).save_pretrained(
+        tmp_path / "tiny-drafter")
+    assert main(["generate", "--backend", "llama.cpp", "--prompt", "hi", "--drafter", str(folder)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hyflash: error:") and "\n" not in err and "hidden size 32" in err, err
+    assert not (tmp_path / "cache" / "calibration").exists()
+
+
+@pytest.mark.slow
+def test_bench_llama_cpp_peers_produce_rows(lcpp, tmp_path):
+    """llama-cpp-python's own plain and prompt-lookup decoding beside our loop on the same llama.cpp target: rows
+    for both, greedy text identical to plain (same file and settings; its prompt lookup is lossless), the fastest
+    plain method named, and the Hugging Face method skipped with its reason."""
+    from hyflash.bench.run import BenchConfig, run_bench
+
+    methods = ("plain", "hf-plain", "llamacpp-plain", "llamacpp-prompt-lookup")
+    config = BenchConfig(backend="llama.cpp", sets=("prose",), n=1, max_new_tokens=8, temperatures=(0.0,),
+                         methods=methods, memory_contexts=())
+    results = run_bench(config, target=lcpp, out_dir=tmp_path, log=lambda _: None)
+    rows = {r["method"]: r for r in results["summary"]}
+    assert set(rows) == {"plain", "llamacpp-plain", "llamacpp-prompt-lookup"}
+    assert "transformers backend" in results["skipped"]["hf-plain"]
+    for name in ("llamacpp-plain", "llamacpp-prompt-lookup"):
+        assert rows[name]["new_tokens"] == 8 and rows[name]["tokens_per_second"] > 0
+        assert rows[name]["identical_to_plain"] == 1, name
+    assert rows["llamacpp-plain"]["tau"] == 1.0
+    fastest = rows["plain"]["fastest_plain"]
+    assert fastest in ("plain", "llamacpp-plain") and rows[fastest]["speedup_vs_fastest_plain"] == 1.0
+    assert rows["plain"]["speedup_vs_fastest_plain"] <= 1.0 and rows["llamacpp-plain"]["speedup_vs_fastest_plain"] <= 1.0
+    assert results["meta"]["backend"] == "llama.cpp" and results["meta"]["dtype"] == "Q4_1"
+
+
+@pytest.mark.slow
+def test_calibration_is_keyed_by_backend_and_file(lcpp, tmp_path, monkeypatch):
+    from hyflash.calibration import cache_path, calibrate, machine_key
+    from hyflash.targets.llamacpp import file_fingerprint
+
+    monkeypatch.setenv("HYFLASH_CACHE", str(tmp_path))
+    ours, theirs = machine_key("smollm2-135m", "auto", lcpp), machine_key("smollm2-135m", "auto")
+    assert (ours["backend"], theirs["backend"]) == ("llama.cpp", "transformers")
+    assert ours["gguf"] == file_fingerprint(lcpp.path) and ours["eval_callback"] is True
+    assert "transformers" not in ours and cache_path(ours) != cache_path(theirs)
+    curve, measured = calibrate("smollm2-135m", "auto", None, contexts=(8,), reps=1, target=lcpp,
+                                backend="llama.cpp")
+    assert measured and curve.dtype == "Q4_1" and curve.machine == ours
+    again, measured_again = calibrate("smollm2-135m", "auto", None, contexts=(8,), reps=1, target=lcpp,
+                                      backend="llama.cpp")
+    assert not measured_again and again == curve
+    (written,) = (tmp_path / "calibration").glob("*.json")
+    assert written == cache_path(ours) and "-llama.cpp-" in written.name
+
+
+def test_file_fingerprint_reads_the_content(tmp_path):
+    from hyflash.targets.llamacpp import file_fingerprint
+
+    a, b, c = (tmp_path / n for n in "abc")
+    body = os.urandom(3 << 20)
+    a.write_bytes(body)
+    b.write_bytes(body)
+    c.write_bytes(body[:-1] + bytes([body[-1] ^ 1]))  # one bit in the last MiB
+    assert file_fingerprint(a) == file_fingerprint(b) != file_fingerprint(c)

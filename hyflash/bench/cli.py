@@ -27,8 +27,9 @@ def add_cli(sub) -> None:
     from hyflash.bench.methods import BUILTIN_METHODS
 
     p = sub.add_parser("bench", help="benchmark decoding methods side by side on held-out sets")
-    p.add_argument("--model", default="smollm2-135m", help="built-in name or a folder")
-    from hyflash.cli import add_engine_args
+    from hyflash.cli import MODEL_HELP, add_engine_args
+
+    p.add_argument("--model", default="smollm2-135m", help=MODEL_HELP)
 
     add_engine_args(p)
     p.add_argument("--trees", type=lambda s: tuple(-1 if x == "auto" else int(x) for x in _csv(s)), default=(),
@@ -38,10 +39,13 @@ def add_cli(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperatures", type=lambda s: tuple(float(x) for x in _csv(s)), default=(0.0, 0.7, 1.0),
                    help="comma list; 0 = greedy")
-    p.add_argument("--methods", type=_csv, default=BUILTIN_METHODS, help=f"comma list from: {', '.join(BUILTIN_METHODS)}")
+    p.add_argument("--methods", type=_csv, default=BUILTIN_METHODS,
+                   help=f"comma list from: {', '.join(BUILTIN_METHODS)} (llamacpp-*: llama-cpp-python's own loop on "
+                        "the model's GGUF, skipped with a note without it; hf-*: transformers backend only)")
     p.add_argument("--drafter", action="append", default=[], metavar="NAME=PATH",
                    help="a trained drafter folder (or 'default'); repeat for several")
-    p.add_argument("--pld-tokens", type=int, default=10, help="prompt_lookup_num_tokens for HF prompt lookup")
+    p.add_argument("--pld-tokens", type=int, default=10,
+                   help="draft length of prompt lookup (HF prompt_lookup_num_tokens, llama.cpp num_pred_tokens)")
     p.add_argument("--ngram-block", type=int, default=8, help="block size of our n-gram drafter")
     p.add_argument("--memory-contexts", type=lambda s: tuple(int(x) for x in _csv(s)),
                    default=(256, 1024, 2048, 4096, 8192), help="context lengths of the draft-memory sweep ('' = skip)")
@@ -49,7 +53,8 @@ def add_cli(sub) -> None:
                    help="untrained drafters of these kinds join the memory sweep only ('' = none)")
     p.add_argument("--sweep-depths", type=lambda s: tuple(int(x) for x in _csv(s)), default=(1, 2))
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads, and llama.cpp's (default: one per physical core)")
     p.add_argument("--quick", action="store_true",
                    help="regression mode (overrides --sets/--n/--max-new-tokens/--temperatures): 2 prompts, "
                    "32 tokens, T=0 and 1, sets humaneval, code, long-4k, prose (< 10 min on 2 CPU cores)")
@@ -74,7 +79,7 @@ def cmd_bench(args) -> int:
     from hyflash.bench.run import BenchConfig, quick, run_bench
 
     config = BenchConfig(
-        model=args.model, dtype=args.dtype, adaptive=args.adaptive,
+        model=args.model, backend=args.backend, dtype=args.dtype, adaptive=args.adaptive,
         trees=args.trees if args.trees else (args.tree,), sets=args.sets, n=args.n, max_new_tokens=args.max_new_tokens,
         temperatures=args.temperatures, methods=args.methods, drafters=dict(parse_drafter(d) for d in args.drafter),
         pld_tokens=args.pld_tokens, ngram_block=args.ngram_block, seed=args.seed,
@@ -89,5 +94,7 @@ def cmd_bench(args) -> int:
     print(markdown_table(results))
     for name, error in results["errors"].items():
         print(f"method {name} did not run: {error}", file=sys.stderr)
+    for name, reason in results["skipped"].items():
+        print(f"method {name} skipped: {reason}", file=sys.stderr)
     print(f"results in {args.out}/ ({results['meta']['seconds']:.0f} s)")
     return 0

@@ -1,16 +1,20 @@
 """The decoding methods a benchmark compares, behind one call: run(prompt_ids, ...) -> PromptRun.
 
-Two families, timed the same way (prefill excluded: decode time = end - end of the prompt's forward pass):
-  LoopMethod   our decoding loop (hyflash.decoding.generate) with no drafter, the n-gram drafter, or a
-               trained drafter; tau and acceptance by position come from the loop itself
-  HFMethod     Hugging Face `model.generate` on the same model object, plain or with prompt-lookup
-               decoding (`prompt_lookup_num_tokens`). HF does not report its passes, so a forward hook counts
-               target passes; tau = (new tokens - 1) / (passes - 1) is then the same quantity as our loop's
-               (tokens committed per verification pass, the first token from the prefill excluded).
+Three families, timed the same way (prefill excluded: decode time = end - end of the prompt's forward pass):
+  LoopMethod      our decoding loop (hyflash.decoding.generate) with no drafter, the n-gram drafter, or a
+                  trained drafter; tau and acceptance by position come from the loop itself
+  HFMethod        Hugging Face `model.generate` on the same model object, plain or with prompt-lookup
+                  decoding (`prompt_lookup_num_tokens`). HF does not report its passes, so a forward hook
+                  counts target passes; tau = (new tokens - 1) / (passes - 1) is then the same quantity as our
+                  loop's (tokens committed per verification pass, the first token from the prefill excluded).
+  LlamaCppMethod  llama-cpp-python's own loop on the GGUF of the same model, plain or with its prompt lookup:
+                  the fastest plain decoding a CPU user already has. Passes are counted the same way.
+A method that cannot run on this target or install says why (`unavailable`) and is skipped, not failed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import time
 from dataclasses import dataclass, field
@@ -19,6 +23,7 @@ from typing import Callable
 import torch
 
 from hyflash.decoding import generate
+from hyflash.errors import HyflashError
 from hyflash.sampling import SamplingConfig
 
 try:  # current RSS; the peak comes from getrusage, which needs nothing installed
@@ -65,21 +70,35 @@ def process_memory() -> tuple[int | None, int]:
     return current, peak
 
 
-def cache_bytes(cache) -> int:
-    """Bytes held by a transformers cache (every tensor of every layer), measured, not computed."""
-    total = 0
-    for layer in getattr(cache, "layers", []):
-        for tensor in vars(layer).values():
-            if isinstance(tensor, torch.Tensor):
-                total += tensor.numel() * tensor.element_size()
-    return total
-
-
 class Method:
     name: str
 
+    def unavailable(self, target) -> str | None:
+        """Why this method cannot run with `target` or this install (it is then skipped), else None."""
+        return None
+
     def run(self, target, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig, seed: int) -> PromptRun:
         raise NotImplementedError
+
+
+def _timed_passes_run(name: str, tokens: list[int], prompt_ids, start: float, end: float,
+                      pass_ends: list[float]) -> PromptRun:
+    """A PromptRun of a library's own loop whose passes were timed as they ended (the first is the prefill)."""
+    rss, peak = process_memory()
+    prefill_end = pass_ends[0] if pass_ends else start
+    return PromptRun(
+        method=name,
+        tokens=tokens,
+        prompt_tokens=len(prompt_ids),
+        target_passes=max(0, len(pass_ends) - 1),
+        committed_after_prefill=max(0, len(tokens) - 1),
+        prefill_time=prefill_end - start,
+        decode_time=end - prefill_end,
+        verify_time=end - prefill_end,  # a library's draft lookup is inside its loop; it is not timed apart
+        draft_memory_bytes=0,  # prompt lookup searches the token ids the loop already holds
+        rss_bytes=rss,
+        peak_rss_bytes=peak,
+    )
 
 
 class LoopMethod(Method):
@@ -118,7 +137,7 @@ class LoopMethod(Method):
             accepted_by_position=list(result.accepted_by_position),
             draft_memory_bytes=result.draft_memory_bytes,
             draft_sources=dict(result.policy.get("draft_sources", {})),
-            target_kv_bytes=cache_bytes(target.cache) if self.measure_target_kv else None,
+            target_kv_bytes=target.kv_bytes() if self.measure_target_kv else None,
             target_kv_tokens=target.cache_length if self.measure_target_kv else None,
             rss_bytes=rss,
             peak_rss_bytes=peak,
@@ -133,6 +152,11 @@ class HFMethod(Method):
         self.name = name
         self.prompt_lookup_tokens = prompt_lookup_tokens
         self.max_matching_ngram = max_matching_ngram
+
+    def unavailable(self, target) -> str | None:
+        if target.backend != "transformers":
+            return f"Hugging Face generate needs the transformers backend; this target runs on {target.backend}"
+        return None
 
     def _config(self, target, max_new_tokens: int, sampling: SamplingConfig):
         from transformers import GenerationConfig
@@ -167,24 +191,90 @@ class HFMethod(Method):
         finally:
             hook.remove()
         tokens = [int(t) for t in out[0, ids.shape[1] :]]
-        rss, peak = process_memory()
-        prefill_end = pass_ends[0] if pass_ends else start
-        return PromptRun(
-            method=self.name,
-            tokens=tokens,
-            prompt_tokens=len(prompt_ids),
-            target_passes=max(0, len(pass_ends) - 1),
-            committed_after_prefill=max(0, len(tokens) - 1),
-            prefill_time=prefill_end - start,
-            decode_time=end - prefill_end,
-            verify_time=end - prefill_end,  # HF's draft lookup is inside; it is not timed separately
-            draft_memory_bytes=0,  # prompt lookup searches the token ids generate() already holds
-            rss_bytes=rss,
-            peak_rss_bytes=peak,
-        )
+        return _timed_passes_run(self.name, tokens, prompt_ids, start, end, pass_ends)
 
 
-BUILTIN_METHODS = ("plain", "hf-plain", "hf-prompt-lookup", "ngram")
+def target_gguf(target):
+    """The GGUF file of the model `target` runs: its own file on llama.cpp, else a built-in model's shipped one."""
+    from hyflash.targets import gguf_path
+
+    return getattr(target, "path", None) or gguf_path(target.name)
+
+
+class LlamaCppMethod(Method):
+    """llama-cpp-python's own decoding: `Llama.generate` (the token loop inside create_completion, without its
+    per-token detokenising and stop-string checks) on the GGUF of the same model, with the same thread count,
+    flash-attention setting and context size as the llama.cpp target. With prompt_lookup_tokens it is
+    llama-cpp-python's prompt-lookup decoding (`LlamaPromptLookupDecoding` as draft_model), which verifies by
+    sampling at every drafted position and comparing: lossless, greedy and sampled.
+
+    Passes are timed by wrapping the instance's `eval` (one call per pass; the first is the prefill). The
+    Llama object is built on first use and kept, as a user would; `reset()` before each run makes every prompt
+    prefill from scratch, like every other method (llama-cpp-python would otherwise reuse a cached prefix)."""
+
+    def __init__(self, name: str, prompt_lookup_tokens: int | None = None, max_matching_ngram: int = 2):
+        self.name = name
+        self.prompt_lookup_tokens = prompt_lookup_tokens
+        self.max_matching_ngram = max_matching_ngram
+        self._llm = None
+        self._pass_ends: list[float] = []
+
+    def unavailable(self, target) -> str | None:
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError:
+            return "llama-cpp-python is not installed (pip install -r requirements-llamacpp.txt)"
+        try:
+            path = target_gguf(target)
+        except HyflashError as exc:
+            return f"needs the model as a GGUF file: {exc}"
+        return None if path.is_file() else f"no GGUF file at {path}"
+
+    def _model(self, target):
+        if self._llm is None:
+            from llama_cpp import Llama
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+            from hyflash.targets.llamacpp import BATCH, DEFAULT_N_CTX, FLASH_ATTN
+
+            threads = getattr(target, "threads", None) or torch.get_num_threads()
+            draft = None if not self.prompt_lookup_tokens else LlamaPromptLookupDecoding(
+                max_ngram_size=self.max_matching_ngram, num_pred_tokens=self.prompt_lookup_tokens)
+            llm = Llama(str(target_gguf(target)), n_ctx=min(target.max_context, DEFAULT_N_CTX), n_batch=BATCH,
+                        n_ubatch=BATCH, n_threads=threads, n_threads_batch=threads, swa_full=True,
+                        flash_attn=getattr(target, "flash_attn", FLASH_ATTN), draft_model=draft, verbose=False)
+            evaluate = llm.eval
+
+            def timed_eval(tokens):
+                evaluate(tokens)
+                self._pass_ends.append(time.perf_counter())
+
+            llm.eval = timed_eval
+            self._llm = llm
+        return self._llm
+
+    def run(self, target, prompt_ids, max_new_tokens, sampling, seed) -> PromptRun:
+        llm = self._model(target)
+        max_new_tokens = min(max_new_tokens, llm.n_ctx() - len(prompt_ids))  # as our loop: never past the context
+        llm.set_seed(seed)
+        llm.reset()
+        self._pass_ends = []
+        tokens: list[int] = []
+        start = time.perf_counter()
+        # temp 0 is llama.cpp's greedy sampler; otherwise top-k 0 and top-p 1 are no-ops, as in SamplingConfig.
+        stream = llm.generate(prompt_ids, temp=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                              min_p=0.0, repeat_penalty=1.0, reset=True)
+        with contextlib.closing(stream):
+            for token in stream:
+                tokens.append(int(token))
+                if len(tokens) >= max_new_tokens or token in target.eos_token_ids:
+                    break
+        end = time.perf_counter()
+        return _timed_passes_run(self.name, tokens, prompt_ids, start, end, self._pass_ends)
+
+
+PLAIN_METHODS = ("plain", "hf-plain", "llamacpp-plain")  # no drafting: what a speed-up is quoted against
+BUILTIN_METHODS = ("plain", "hf-plain", "hf-prompt-lookup", "llamacpp-plain", "llamacpp-prompt-lookup", "ngram")
 
 
 def build_methods(names, drafters: dict[str, str], target, pld_tokens: int = 10, ngram_block: int = 8,
@@ -196,12 +286,13 @@ def build_methods(names, drafters: dict[str, str], target, pld_tokens: int = 10,
     Drafters load lazily (on first use) so a broken folder fails its own method, not the whole setup.
     """
     from hyflash.cli import build_drafter
-    from hyflash.errors import HyflashError
 
     factories: dict[str, Callable[[], Method]] = {
         "plain": lambda: LoopMethod("plain", lambda: None, measure_target_kv=True),
         "hf-plain": lambda: HFMethod("hf-plain"),
         "hf-prompt-lookup": lambda: HFMethod("hf-prompt-lookup", prompt_lookup_tokens=pld_tokens),
+        "llamacpp-plain": lambda: LlamaCppMethod("llamacpp-plain"),
+        "llamacpp-prompt-lookup": lambda: LlamaCppMethod("llamacpp-prompt-lookup", prompt_lookup_tokens=pld_tokens),
         "ngram": lambda: LoopMethod("ngram", lambda: build_drafter("ngram", target, block_size=ngram_block),
                                     policy=make_policy()),
     }

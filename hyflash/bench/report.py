@@ -12,10 +12,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from hyflash.bench.run import HF_PLAIN, HF_PLD, PLAIN, _sum_lists
+from hyflash.bench.methods import PLAIN_METHODS
+from hyflash.bench.run import HF_PLD, PLAIN, _sum_lists
 
 CODE_SETS = ("code", "long-2k", "long-4k", "long-8k")  # one kind of text at growing context
-NON_DRAFTING = (PLAIN, HF_PLAIN)  # tau is 1 by construction
+NON_DRAFTING = PLAIN_METHODS  # tau is 1 by construction
 
 
 def human_bytes(n: float | None) -> str:
@@ -40,16 +41,17 @@ def markdown_table(results: dict) -> str:
         lines += [
             f"### Temperature {temperature:g}" + (" (greedy)" if greedy else ""),
             "",
-            "| set | prompt tok | method | τ | tok/s | × plain | × HF plain | × HF prompt lookup | draft share "
-            "| draft memory | accept@1..4 | drafts verified by source |" + (" = plain |" if greedy else ""),
-            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|" + ("---:|" if greedy else ""),
+            "| set | prompt tok | method | τ | tok/s | × plain | × HF plain | × HF prompt lookup | × fastest plain "
+            "| draft share | draft memory | accept@1..4 | drafts verified by source |" + (" = plain |" if greedy else ""),
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|" + ("---:|" if greedy else ""),
         ]
         for r in (r for r in rows if r["temperature"] == temperature):
             accept = " ".join(f"{a:.2f}" for a in r["acceptance_by_position"][:4]) or "–"
             cells = [
                 r["set"], f"{r['prompt_tokens_mean']:.0f}", r["method"], _num(r["tau"], ".2f"),
                 _num(r["tokens_per_second"], ".1f"), _num(r["speedup"], ".2f"), _num(r["speedup_vs_hf_plain"], ".2f"),
-                _num(r["speedup_vs_hf_pld"], ".2f"), _num(r["draft_share"], ".0%"),
+                _num(r["speedup_vs_hf_pld"], ".2f"), _num(r.get("speedup_vs_fastest_plain"), ".2f"),
+                _num(r["draft_share"], ".0%"),
                 human_bytes(r["draft_memory_bytes"]), accept,
                 ", ".join(f"{k} {v}" for k, v in sorted((r.get("draft_sources") or {}).items())) or "–",
             ]
@@ -57,10 +59,14 @@ def markdown_table(results: dict) -> str:
                 cells.append(f"{r['identical_to_plain']}/{r['prompts']}")
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+        lines += _fastest_plain_lines([r for r in rows if r["temperature"] == temperature])
     meta = results.get("meta", {})
     if meta.get("dtype"):
         lines.append(f"Target dtype: {meta['dtype']} ({meta.get('dtype_reason', '')}); draft length "
                      f"{'adaptive (policy.py)' if meta.get('config', {}).get('adaptive', True) else 'whole blocks'}.")
+        lines.append("")
+    for name, reason in (results.get("skipped") or {}).items():
+        lines.append(f"Method {name} skipped: {reason}.")
         lines.append("")
     peak = max((r["peak_rss_bytes"] for r in rows), default=None)
     lines.append(f"Peak process RSS over the run: {human_bytes(peak)} (the whole process -- target, every drafter, "
@@ -69,25 +75,40 @@ def markdown_table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _fastest_plain_lines(rows: list[dict]) -> list[str]:
+    """One line per set naming the fastest plain decoding of the run (the '× fastest plain' baseline)."""
+    fastest = {r["set"]: r["fastest_plain"] for r in rows if r.get("fastest_plain")}
+    speed = {(r["set"], r["method"]): r["tokens_per_second"] for r in rows}
+    if not fastest:
+        return []
+    parts = [f"{s}: {m} ({_num(speed.get((s, m)), '.1f')} tok/s)" for s, m in fastest.items()]
+    return ["Fastest plain decoding (the × fastest plain baseline): " + "; ".join(parts) + ".", ""]
+
+
 def comparison_table(results: dict) -> str:
-    """Compact view: one row per (temperature, set); per drafting method its τ and speed-ups over plain
-    decoding and over HF prompt lookup (HF prompt lookup itself: over plain and over plain HF)."""
+    """Compact view: one row per (temperature, set) with the fastest plain decoding of the run; per drafting
+    method its τ and speed-ups over our plain decoding, over HF prompt lookup (HF prompt lookup itself: over
+    plain HF) and over the fastest plain decoding."""
     rows = results["summary"]
     methods = [m for m in dict.fromkeys(r["method"] for r in rows) if m not in NON_DRAFTING]
     by = {(r["temperature"], r["set"], r["method"]): r for r in rows}
-    head = ["T", "set", "prompt tok", "plain tok/s"]
+    head = ["T", "set", "prompt tok", "plain tok/s", "fastest plain"]
     for m in methods:
         other = "× HF plain" if m == HF_PLD else "× HF PL"
-        head += [f"{m} τ", f"{m} × plain", f"{m} {other}"]
+        head += [f"{m} τ", f"{m} × plain", f"{m} {other}", f"{m} × fastest plain"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for temperature, set_name in dict.fromkeys((r["temperature"], r["set"]) for r in rows):
         plain = by.get((temperature, set_name, PLAIN))
-        cells = [f"{temperature:g}", set_name, f"{(plain or rows[0])['prompt_tokens_mean']:.0f}",
-                 _num(plain["tokens_per_second"] if plain else None, ".1f")]
+        any_row = next(r for r in rows if (r["temperature"], r["set"]) == (temperature, set_name))
+        fastest = by.get((temperature, set_name, any_row.get("fastest_plain")))
+        cells = [f"{temperature:g}", set_name, f"{(plain or any_row)['prompt_tokens_mean']:.0f}",
+                 _num(plain["tokens_per_second"] if plain else None, ".1f"),
+                 f"{fastest['method']} {fastest['tokens_per_second']:.1f}" if fastest else "–"]
         for m in methods:
             r = by.get((temperature, set_name, m))
             other = (r or {}).get("speedup_vs_hf_plain" if m == HF_PLD else "speedup_vs_hf_pld")
-            cells += [_num(r and r["tau"], ".2f"), _num(r and r["speedup"], ".2f"), _num(other, ".2f")]
+            cells += [_num(r and r["tau"], ".2f"), _num(r and r["speedup"], ".2f"), _num(other, ".2f"),
+                      _num((r or {}).get("speedup_vs_fastest_plain"), ".2f")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -5,8 +5,9 @@ jobs on a shared CPU -- spreads over all methods instead of penalising whichever
 ratios of measurements from this one run, never against numbers from elsewhere.
 
 results.json holds the configuration and machine, one record per (method, prompt, temperature), the
-per-set summary, the draft-memory sweep and any method that failed. It is rewritten after every set, so an
-interrupted run keeps what it measured.
+per-set summary, the draft-memory sweep, any method that failed (`errors`) and any that could not run here
+(`skipped`, with the reason: llama.cpp peers without llama-cpp-python, Hugging Face methods on a llama.cpp
+target). It is rewritten after every set, so an interrupted run keeps what it measured.
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ import torch
 
 from hyflash.bench.datasets import SETS, load_set
 from hyflash.bench.memory import draft_memory_sweep, param_count, untrained_kinds
-from hyflash.bench.methods import BUILTIN_METHODS, LoopMethod, PromptRun, build_methods, drafter_identity
+from hyflash.bench.methods import (
+    BUILTIN_METHODS,
+    PLAIN_METHODS,
+    LoopMethod,
+    PromptRun,
+    build_methods,
+    drafter_identity,
+)
 from hyflash.errors import HyflashError
 from hyflash.sampling import SamplingConfig
 
@@ -35,6 +43,7 @@ PLAIN, HF_PLAIN, HF_PLD = "plain", "hf-plain", "hf-prompt-lookup"
 @dataclass
 class BenchConfig:
     model: str = "smollm2-135m"
+    backend: str = "transformers"  # what runs the target (our loop's methods); llama.cpp: the GGUF itself
     dtype: str = "auto"  # auto: the fastest for speculation on this machine (calibration); or bfloat16 / float32
     adaptive: bool = True  # draft length chosen per step from the cost curve (False: whole blocks)
     trees: tuple[int, ...] = (0,)  # tree budgets; each trained drafter runs once per budget ("NAME@tN")
@@ -44,7 +53,7 @@ class BenchConfig:
     temperatures: tuple[float, ...] = (0.0, 0.7, 1.0)
     methods: tuple[str, ...] = BUILTIN_METHODS
     drafters: dict[str, str] = field(default_factory=dict)  # name -> folder or 'default'
-    pld_tokens: int = 10  # Hugging Face prompt_lookup_num_tokens
+    pld_tokens: int = 10  # prompt lookup's draft length (HF prompt_lookup_num_tokens, llama.cpp num_pred_tokens)
     ngram_block: int = 8
     seed: int = 0
     memory_contexts: tuple[int, ...] = (256, 1024, 2048, 4096, 8192)
@@ -70,6 +79,14 @@ def quick(config: BenchConfig) -> BenchConfig:
     return replace(config, **QUICK)
 
 
+def _llama_cpp_version() -> str | None:
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    return llama_cpp.__version__
+
+
 def machine_info() -> dict:
     import transformers
 
@@ -82,6 +99,7 @@ def machine_info() -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
+        "llama_cpp": _llama_cpp_version(),
         "loadavg_start": list(os.getloadavg()),
     }
 
@@ -128,12 +146,17 @@ def summarise(records: list[dict]) -> list[dict]:
             "peak_rss_bytes": max(r["peak_rss_bytes"] for r in rs),
             "identical_to_plain": sum(bool(r.get("identical_to_plain")) for r in rs) if greedy else None,
         })
-    # Speed-ups: ratios of tok/s to baselines measured in this run, same set, same temperature.
+    # Speed-ups: ratios of tok/s to baselines measured in this run, same set, same temperature; and to the
+    # fastest plain decoding of the run (ours, Hugging Face's or llama.cpp's), the figure a user can quote.
     by_key = {(r["temperature"], r["set"], r["method"]): r for r in rows}
     for row in rows:
         for baseline, column in ((PLAIN, "speedup"), (HF_PLAIN, "speedup_vs_hf_plain"), (HF_PLD, "speedup_vs_hf_pld")):
             base = by_key.get((row["temperature"], row["set"], baseline))
             row[column] = row["tokens_per_second"] / base["tokens_per_second"] if base else None
+        plains = [by_key[k] for k in ((row["temperature"], row["set"], m) for m in PLAIN_METHODS) if k in by_key]
+        fastest = max(plains, key=lambda r: r["tokens_per_second"], default=None)
+        row["fastest_plain"] = fastest["method"] if fastest else None
+        row["speedup_vs_fastest_plain"] = row["tokens_per_second"] / fastest["tokens_per_second"] if fastest else None
     order = {m: i for i, m in enumerate(dict.fromkeys(r["method"] for r in records))}
     set_order = {s: i for i, s in enumerate(SETS)}
     rows.sort(key=lambda r: (r["temperature"], set_order.get(r["set"], 99), order[r["method"]]))
@@ -148,8 +171,6 @@ def run_bench(
     command: str = "",
 ) -> dict:
     """Run every method on every prompt; return (and write, with out_dir) the results dictionary."""
-    from hyflash.targets import Target
-
     if config.threads:
         torch.set_num_threads(config.threads)
     from hyflash import engine
@@ -157,10 +178,12 @@ def run_bench(
 
     started = time.time()
     if target is None:
-        choice = engine.choose(config.model, config.dtype, with_drafter=True, calibrated=config.adaptive, log=log)
-        target = Target.load(config.model, dtype=choice.dtype)
+        # Calibrated for (and, on llama.cpp, recording features for) the first trained drafter, else n-gram.
+        drafter = next(iter(config.drafters.values()), "ngram")
+        target, choice = engine.prepare(config.model, config.dtype, config.backend, drafter,
+                                        calibrated=config.adaptive, log=log)
     else:  # a target handed in (tests): its dtype, and a flat cost curve unless one is cached
-        choice = engine.DtypeChoice(str(target.dtype).removeprefix("torch."), "the target given", None)
+        choice = engine.DtypeChoice(target.precision, "the target given", None)
     curve = choice.curve if config.adaptive else None
 
     def make_policy(tree: int = 0):
@@ -171,10 +194,11 @@ def run_bench(
     results = {
         "meta": {
             "command": command, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "machine": machine_info(), "target": target.name, "config": asdict(config), **choice.to_dict(),
+            "machine": machine_info(), "target": target.name, "backend": target.backend, "config": asdict(config),
+            **choice.to_dict(),
             "cost_curve": None if choice.curve is None else choice.curve.to_dict(),
         },
-        "runs": [], "summary": [], "memory_sweep": {}, "errors": {},
+        "runs": [], "summary": [], "memory_sweep": {}, "errors": {}, "skipped": {},
     }
     out_dir = Path(out_dir) if out_dir else None
 
@@ -187,6 +211,7 @@ def run_bench(
             (out_dir / "results.json").write_text(json.dumps(results, indent=1))
 
     prompts = {name: load_set(name, target, config.n, config.max_new_tokens) for name in config.sets}
+    methods = _skip_unavailable(methods, target, results["skipped"], log)
     methods = _warm_up(methods, target, next(iter(prompts.values()))[0].ids, results["errors"], log)
     kept = {m.name for m in methods}
     results["meta"]["drafters"] = {n: drafter_identity(s, target) for n, s in config.drafters.items()
@@ -216,6 +241,20 @@ def run_bench(
         results["drafter_params"] = {name: param_count(d) for name, d in drafters.items()}
     save()
     return results
+
+
+def _skip_unavailable(methods, target, skipped: dict, log) -> list:
+    """Methods that cannot run here (no llama-cpp-python, no GGUF, a backend they do not support) are noted in
+    `skipped` with their reason, not failed."""
+    kept = []
+    for m in methods:
+        reason = m.unavailable(target)
+        if reason:
+            skipped[m.name] = reason
+            log(f"method {m.name} skipped: {reason}")
+        else:
+            kept.append(m)
+    return kept
 
 
 def _warm_up(methods, target, prompt_ids, errors: dict, log) -> list:

@@ -17,6 +17,7 @@ from hyflash.targets.base import (
     builtin_gguf,
     cache_root,
     default_feature_layers,
+    gguf_path,
 )
 from hyflash.targets.hf import DTYPES, PREFILL_CHUNK, FeatureRecorder, Target, resolve_model_path
 
@@ -24,8 +25,8 @@ BACKENDS = ("transformers", "llama.cpp")
 
 __all__ = [
     "BACKENDS", "BUILTIN_MODELS", "DEFAULT_MODEL", "DTYPES", "PREFILL_CHUNK", "BaseTarget", "FeatureRecorder",
-    "Target", "TargetOutput", "builtin_gguf", "cache_root", "default_feature_layers", "load_target",
-    "resolve_model_path",
+    "Target", "TargetOutput", "builtin_gguf", "cache_root", "default_feature_layers", "gguf_path",
+    "load_target", "resolve_model_path",
 ]
 
 

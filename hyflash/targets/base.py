@@ -65,6 +65,19 @@ def builtin_gguf(name: str) -> tuple[Path, str]:
         ) from exc
 
 
+def gguf_path(model: str) -> Path:
+    """The GGUF file behind `model` for the llama.cpp backend: a built-in name's shipped file or a local
+    PATH.gguf (not checked for existence here: the loader says so in its own words)."""
+    if model in BUILTIN_MODELS:
+        folder, gguf_file = builtin_gguf(model)
+        return folder / gguf_file
+    path = Path(model).expanduser()
+    if path.suffix != ".gguf":
+        raise HyflashError(f"unknown model {model!r} for the llama.cpp backend: not a built-in name "
+                           f"({', '.join(BUILTIN_MODELS)}) nor a .gguf file")
+    return path
+
+
 def default_feature_layers(num_layers: int, count: int = 5) -> tuple[int, ...]:
     """Evenly spread hidden-state indices from layer 1 to layer L-3 (the DFlash choice)."""
     last = max(1, num_layers - 3)
@@ -102,6 +115,11 @@ class BaseTarget(ABC):
     @property
     @abstractmethod
     def device(self) -> torch.device: ...
+
+    @property
+    def precision(self) -> str:
+        """What the target computes in, for reports: a torch dtype name, or a GGUF's quantisation."""
+        return str(self.dtype).removeprefix("torch.")
 
     def signature(self) -> dict:
         """What a drafter must match to be used with this target."""
@@ -174,6 +192,10 @@ class BaseTarget(ABC):
     @abstractmethod
     def reset(self) -> None:
         """Forget the cached sequence."""
+
+    @abstractmethod
+    def kv_bytes(self) -> int:
+        """Bytes the key/value cache holds for the cached tokens (measured from the cache, not computed)."""
 
     @abstractmethod
     def prefill(self, ids, features: bool = True) -> TargetOutput:

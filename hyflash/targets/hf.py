@@ -190,6 +190,15 @@ class Target(BaseTarget):
     def reset(self) -> None:
         self.cache = DynamicCache()
 
+    def kv_bytes(self) -> int:
+        """Every tensor of every cache layer."""
+        total = 0
+        for layer in getattr(self.cache, "layers", []):
+            for tensor in vars(layer).values():
+                if isinstance(tensor, torch.Tensor):
+                    total += tensor.numel() * tensor.element_size()
+        return total
+
     @torch.inference_mode()
     def prefill(self, ids, features: bool = True, chunk: int = PREFILL_CHUNK) -> TargetOutput:
         """Start a new sequence: reset the cache and run the prompt, `chunk` tokens per pass.

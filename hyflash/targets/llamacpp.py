@@ -19,6 +19,7 @@ chat templates are identical across backends; an arbitrary .gguf uses llama.cpp'
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import logging
 import math
 from pathlib import Path
@@ -32,9 +33,9 @@ from hyflash.targets.base import (
     DEFAULT_MODEL,
     BaseTarget,
     TargetOutput,
-    builtin_gguf,
     cache_root,
     default_feature_layers,
+    gguf_path,
 )
 
 try:
@@ -46,6 +47,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 
 DEFAULT_N_CTX = 8192  # enough for every bench context; a model trained on less gets its own
 BATCH = 512  # tokens per llama_decode call (prefill chunk), also the physical ubatch
+FLASH_ATTN = True  # the default (see LlamaCppTarget.__init__); llama.cpp peers in the bench use the same
 
 _backend_ready = False
 
@@ -122,6 +124,18 @@ class LlamaCppTokenizer:
         raise HyflashError("llama.cpp could not detokenize")
 
 
+def file_fingerprint(path: Path, edge: int = 1 << 20) -> str:
+    """sha256 of a file's size, first and last MiB: the header (every tensor's type and shape) and a sample of
+    the weights, in milliseconds where hashing a whole GGUF takes a second."""
+    size = path.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        digest.update(f.read(edge))
+        f.seek(max(0, size - edge))
+        digest.update(f.read(edge))
+    return digest.hexdigest()[:20]
+
+
 def _hf_tokenizer(name: str, folder: Path, gguf_file: str):
     """The tokenizer the transformers backend uses for a built-in model: its cached conversion, else the
     same tokenizer read from the GGUF (what the conversion saves), without converting the weights."""
@@ -140,7 +154,7 @@ class LlamaCppTarget(BaseTarget):
 
     def __init__(self, gguf_path: str | Path, tokenizer=None, feature_layers: tuple[int, ...] | None = None,
                  name: str = "", n_ctx: int | None = None, n_threads: int | None = None,
-                 flash_attn: bool = True, record_features: bool = True):
+                 flash_attn: bool = FLASH_ATTN, record_features: bool = True):
         path = Path(gguf_path).expanduser()
         if not path.is_file():
             raise HyflashError(f"no GGUF file at {path}: pass a built-in model name or an existing .gguf file")
@@ -216,16 +230,9 @@ class LlamaCppTarget(BaseTarget):
     def load(cls, name_or_path: str = DEFAULT_MODEL, feature_layers=None, **kwargs) -> "LlamaCppTarget":
         """A built-in name (the GGUF its package ships, with the transformers backend's tokenizer) or a local
         .gguf file (llama.cpp's own tokenizer and chat template)."""
-        if name_or_path in BUILTIN_MODELS:
-            folder, gguf_file = builtin_gguf(name_or_path)
-            tokenizer = _hf_tokenizer(name_or_path, folder, gguf_file)
-            return cls(folder / gguf_file, tokenizer, feature_layers, name=name_or_path, **kwargs)
-        path = Path(name_or_path).expanduser()
-        if path.suffix != ".gguf":
-            known = ", ".join(BUILTIN_MODELS)
-            raise HyflashError(f"unknown model {name_or_path!r} for the llama.cpp backend: "
-                               f"not a built-in name ({known}) nor a .gguf file")
-        return cls(path, None, feature_layers, name=str(name_or_path), **kwargs)
+        path = gguf_path(name_or_path)
+        tokenizer = _hf_tokenizer(name_or_path, path.parent, path.name) if name_or_path in BUILTIN_MODELS else None
+        return cls(path, tokenizer, feature_layers, name=str(name_or_path), **kwargs)
 
     def __del__(self) -> None:
         try:
@@ -259,6 +266,21 @@ class LlamaCppTarget(BaseTarget):
     @property
     def device(self) -> torch.device:
         return torch.device("cpu")
+
+    @property
+    def precision(self) -> str:
+        """The GGUF's quantisation as llama.cpp names it (its model description: "llama 256M Q4_1")."""
+        buf = ctypes.create_string_buffer(256)
+        llama_cpp.llama_model_desc(self._model, buf, len(buf))
+        parts = buf.value.decode(errors="replace").split(" ", 2)
+        return parts[2] if len(parts) == 3 else "gguf"
+
+    def calibration_identity(self) -> dict:
+        """What, besides the CPU, makes a cost curve of this target valid: llama.cpp's version, the file
+        (a fingerprint, so a re-quantised file under the same name is measured afresh) and the settings that
+        change a pass's cost (threads, flash attention, the eval callback)."""
+        return {"backend": self.backend, "llama_cpp": llama_cpp.__version__, "gguf": file_fingerprint(self.path),
+                "threads": self.threads, "flash_attn": self.flash_attn, "eval_callback": self.record_features}
 
     # ----- frozen pieces drafters reuse (from the GGUF, dequantised once) --------------------------------
     def _weight(self, key: str) -> torch.Tensor:
@@ -319,6 +341,10 @@ class LlamaCppTarget(BaseTarget):
         llama_cpp.llama_memory_clear(self._mem, True)
         self._length = 0
 
+    def kv_bytes(self) -> int:
+        """The size of sequence 0's cache state as llama.cpp would save it: its cells' keys and values."""
+        return int(llama_cpp.llama_state_seq_get_size(self._ctx, 0))
+
     def rollback(self, length: int) -> None:
         """Keep only the first `length` cached tokens."""
         self._check_rollback(length)
@@ -345,8 +371,10 @@ class LlamaCppTarget(BaseTarget):
         return TargetOutput(logits=logits[-1:], features=torch.cat(feats) if features else None)
 
     @torch.inference_mode()
-    def score(self, ids, features: bool = True) -> TargetOutput:
+    def score(self, ids, features: bool = True, tree=None) -> TargetOutput:
         """Run a block on top of the cache; logits [q, V] and features [q, nF, H] for every block position."""
+        if tree is not None:
+            raise HyflashError("the llama.cpp backend cannot verify draft trees yet: use --tree 0")
         ids = [int(i) for i in torch.as_tensor(ids).view(-1).tolist()]
         if self._length + len(ids) > self.max_context:
             raise HyflashError(f"sequence would exceed the model's context of {self.max_context} tokens")
