@@ -290,3 +290,57 @@ def test_file_fingerprint_reads_the_content(tmp_path):
     b.write_bytes(body)
     c.write_bytes(body[:-1] + bytes([body[-1] ^ 1]))  # one bit in the last MiB
     assert file_fingerprint(a) == file_fingerprint(b) != file_fingerprint(c)
+
+
+# ----- draft trees on this backend: sequence-id sets per node, the accepted path kept ---------------------------
+
+@pytest.mark.slow
+def test_a_tree_pass_gives_each_path_the_logits_of_its_chain(lcpp):
+    """Every root-to-node path of a tree pass has bit for bit the logits and features of that path scored as a
+    chain, and after keeping one path the next pass equals a fresh prefill's (rejected cells stay masked)."""
+    from hyflash.tree import DraftTree
+
+    ids = lcpp.encode_prompt(PROMPTS[0])
+    ref = generate(lcpp, ids, None, max_new_tokens=6).tokens
+    # The greedy path ref[1..3] with wrong siblings at every depth.
+    tree = DraftTree(tokens=[ref[1], 5, ref[2], 7, 9, ref[3]], parents=[-1, -1, 0, 0, 1, 2], depths=[1, 1, 2, 2, 2, 3])
+    lcpp.prefill(ids, features=False)
+    scored = lcpp.score([ref[0]] + tree.tokens, tree=(tree.ancestor_mask(), tree.position_offsets()))
+    lcpp.keep(len(ids), [0, 1, 3, 6])
+    assert lcpp.cache_length == len(ids) + 4
+    after = lcpp.score(ref[4:6], features=False)
+    lcpp.prefill(ids, features=False)
+    chain = lcpp.score(ref[:4])
+    assert torch.equal(scored.logits[[0, 1, 3, 6]], chain.logits)
+    assert torch.equal(scored.features[[0, 1, 3, 6]], chain.features)
+    lcpp.prefill(ids + ref[:4], features=False)
+    assert torch.equal(after.logits, lcpp.score(ref[4:6], features=False).logits)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("junk_limit", [512, 4])
+def test_speculative_trees_equal_plain(lcpp, monkeypatch, junk_limit):
+    """Random block drafts (mostly rejected) with the n-gram chains merged in (often accepted on this prompt),
+    8-node trees every step: the text is plain decoding's. junk_limit 4 compacts the cache every few passes."""
+    import hyflash.targets.llamacpp as backend
+    from drafters_for_tests import RandomBlockDrafter
+    from hyflash.drafters.hybrid import HybridDrafter
+    from hyflash.policy import PolicyConfig, SpeculationPolicy
+
+    monkeypatch.setattr(backend, "JUNK_LIMIT", junk_limit)
+    ids = lcpp.encode_prompt("Write a Python function is_even(n) and a function is_odd(n) that calls is_even(n).")
+    plain = generate(lcpp, ids, None, max_new_tokens=40)
+    drafter = HybridDrafter(RandomBlockDrafter(lcpp.vocab_size, block_size=8), NgramDrafter(block_size=8))
+    spec = generate(lcpp, ids, drafter, max_new_tokens=40, policy=SpeculationPolicy(config=PolicyConfig(tree=8)))
+    assert spec.tokens == plain.tokens
+    assert spec.policy["draft_sources"].get("tree", 0) > 0 and spec.target_passes < plain.target_passes
+    assert lcpp._junk < junk_limit + 8
+
+
+@pytest.mark.slow
+def test_cli_generate_tree_on_llama_cpp_equals_llama_cpps_own_greedy(capsys, monkeypatch, lcpp):
+    monkeypatch.setenv("HYFLASH_THREADS", "1")
+    out = _cli_json(capsys, ["generate", "--backend", "llama.cpp", "--prompt", COPY_PROMPT, "--max-new-tokens",
+                             "24", "--drafter", "default", "--tree", "8", "--json"])
+    assert out["tokens"] == _llama_cpp_greedy(lcpp, lcpp.encode_prompt(COPY_PROMPT), 24)
+    assert out["policy"]["draft_sources"].get("tree", 0) > 0 and out["tree"] == 8

@@ -10,6 +10,11 @@ How, with public calls only:
     `l_out-{i-1}` (llama.cpp names layer i's output `l_out-i`; our feature index i, like transformers'
     hidden_states[i], is the output of layer i-1), and copies their float32 rows, every batch position;
   - rollback is llama_memory_seq_rm(mem, 0, length, -1);
+  - a draft tree is one batch: each node carries the sequence ids of every root-to-leaf path through it
+    (leaf j is sequence 1 + j, given a copy of the verified text first) at position = its depth, so llama.cpp's
+    own causal-per-sequence mask is the ancestor mask. Keeping the accepted path relabels its cells to
+    sequence 0 and the rejected ones to a junk sequence that nothing reads (see `_keep_tree_path` for why
+    they are not freed), all with llama_memory_seq_cp / seq_rm;
   - the embedding and LM head a drafter borrows are read from the GGUF with the `gguf` package and
     dequantised to float32 once, lazily (the drafter needs them; plain decoding does not).
 The tokenizer of a built-in model is the Hugging Face tokenizer the transformers backend uses, so prompts and
@@ -22,6 +27,7 @@ import ctypes
 import hashlib
 import logging
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +54,9 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 DEFAULT_N_CTX = 8192  # enough for every bench context; a model trained on less gets its own
 BATCH = 512  # tokens per llama_decode call (prefill chunk), also the physical ubatch
 FLASH_ATTN = True  # the default (see LlamaCppTarget.__init__); llama.cpp peers in the bench use the same
+TREE_LEAVES = 32  # most leaves of a draft tree (one sequence each: ids 1..TREE_LEAVES); 0 is the verified text
+JUNK_SEQ = TREE_LEAVES + 1  # holds rejected tree nodes' cells until they can be dropped without leaving holes
+JUNK_LIMIT = 512  # junk cells that trigger a compaction of the cache (their masked scan costs a little per pass)
 
 _backend_ready = False
 
@@ -124,6 +133,28 @@ class LlamaCppTokenizer:
         raise HyflashError("llama.cpp could not detokenize")
 
 
+@dataclass
+class _TreeBlock:
+    """A draft tree as llama.cpp sees it: each entry's position and sequence ids (the leaves through it)."""
+
+    start: int  # the root's position
+    positions: list[int]
+    seqs: list[tuple[int, ...]]
+    leaf_seqs: list[int]
+
+    @classmethod
+    def of(cls, start: int, ancestors: torch.Tensor, offsets: torch.Tensor) -> "_TreeBlock":
+        """From the ancestor mask (row i: i, its ancestors and the root) and depth offsets of DraftTree."""
+        ancestors = ancestors.bool().cpu()
+        leaves = (ancestors.sum(0) == 1).nonzero().view(-1).tolist()  # entries no other entry descends from
+        if len(leaves) > TREE_LEAVES:
+            raise HyflashError(f"a draft tree with {len(leaves)} leaves is more than the llama.cpp backend's "
+                               f"{TREE_LEAVES}: use a smaller --tree")
+        seqs = [tuple(1 + j for j, leaf in enumerate(leaves) if ancestors[leaf, i]) for i in range(len(offsets))]
+        positions = [start + int(d) for d in offsets.tolist()]
+        return cls(start, positions, seqs, [1 + j for j in range(len(leaves))])
+
+
 def file_fingerprint(path: Path, edge: int = 1 << 20) -> str:
     """sha256 of a file's size, first and last MiB: the header (every tensor's type and shape) and a sample of
     the weights, in milliseconds where hashing a whole GGUF takes a second."""
@@ -195,7 +226,10 @@ class LlamaCppTarget(BaseTarget):
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = int(n_ctx or min(n_ctx_train, DEFAULT_N_CTX))
         cparams.n_batch = cparams.n_ubatch = BATCH
-        cparams.n_seq_max = 1
+        # Sequences: the verified text, a draft tree's leaves and the junk one, in one unified cache (a node
+        # shared by several leaves is one cell with several sequence ids).
+        cparams.n_seq_max = JUNK_SEQ + 1
+        cparams.kv_unified = True
         threads = int(n_threads or torch.get_num_threads())
         cparams.n_threads = cparams.n_threads_batch = threads
         cparams.no_perf = True
@@ -221,8 +255,10 @@ class LlamaCppTarget(BaseTarget):
         self.max_context = int(llama_cpp.llama_n_ctx(self._ctx))
         self.threads = threads
         self._mem = llama_cpp.llama_get_memory(self._ctx)
-        self._batch = llama_cpp.llama_batch_init(BATCH, 0, 1)
+        self._batch = llama_cpp.llama_batch_init(BATCH, 0, TREE_LEAVES)
         self._length = 0
+        self._junk = 0  # cells of rejected tree nodes still held (in JUNK_SEQ)
+        self._tree: _TreeBlock | None = None  # the last scored tree block, until keep() resolves it
         self._weights: dict[str, torch.Tensor] = {}
         self._embed_scale = math.sqrt(self.hidden_size) if self.architecture.startswith("gemma") else 1.0
 
@@ -339,7 +375,8 @@ class LlamaCppTarget(BaseTarget):
 
     def reset(self) -> None:
         llama_cpp.llama_memory_clear(self._mem, True)
-        self._length = 0
+        self._length = self._junk = 0
+        self._tree = None
 
     def kv_bytes(self) -> int:
         """The size of sequence 0's cache state as llama.cpp would save it: its cells' keys and values."""
@@ -347,6 +384,8 @@ class LlamaCppTarget(BaseTarget):
 
     def rollback(self, length: int) -> None:
         """Keep only the first `length` cached tokens."""
+        if self._tree is not None:
+            raise RuntimeError("a scored draft tree is resolved by keep(), not rollback()")
         self._check_rollback(length)
         if length < self._length:
             if not llama_cpp.llama_memory_seq_rm(self._mem, 0, length, -1):
@@ -372,28 +411,82 @@ class LlamaCppTarget(BaseTarget):
 
     @torch.inference_mode()
     def score(self, ids, features: bool = True, tree=None) -> TargetOutput:
-        """Run a block on top of the cache; logits [q, V] and features [q, nF, H] for every block position."""
-        if tree is not None:
-            raise HyflashError("the llama.cpp backend cannot verify draft trees yet: use --tree 0")
+        """Run a block on top of the cache; logits [q, V] and features [q, nF, H] for every block position.
+        With tree=(ancestor mask [q, q], depth offsets [q]) the block is a draft tree (see the module doc);
+        keep() then keeps one root-to-node path."""
         ids = [int(i) for i in torch.as_tensor(ids).view(-1).tolist()]
         if self._length + len(ids) > self.max_context:
             raise HyflashError(f"sequence would exceed the model's context of {self.max_context} tokens")
         if len(ids) > BATCH:
             raise ValueError(f"score() takes at most {BATCH} tokens per block")
-        logits, feats = self._decode(ids, len(ids), features)
+        if self._tree is not None:
+            raise RuntimeError("keep() must resolve a scored draft tree before the next pass")
+        layout = None if tree is None else _TreeBlock.of(self._length, *tree)
+        self._make_room(len(ids))
+        if layout is not None:
+            for seq in layout.leaf_seqs:  # each leaf's path continues the verified text
+                llama_cpp.llama_memory_seq_cp(self._mem, 0, seq, -1, -1)
+        logits, feats = self._decode(ids, len(ids), features, layout)
+        self._tree = layout
         return TargetOutput(logits=logits, features=feats)
 
-    def _decode(self, ids: list[int], outputs: int, features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One llama_decode of `ids` at the cache's end; logits of the last `outputs` positions."""
+    def keep(self, start: int, kept: list[int]) -> None:
+        """After a chain block: a rollback. After a tree block its entries live in the leaves' sequences, not in
+        the verified text's, so even a kept prefix of the block is relabelled (_keep_tree_path)."""
+        if self._tree is None:
+            return super().keep(start, kept)
+        self._keep_tree_path(start, kept)
+
+    def _keep_tree_path(self, start: int, kept: list[int]) -> None:
+        """Sequence 0 gets the kept root-to-node path's cells, the junk sequence every other node's, and the
+        leaves' sequences are emptied.
+
+        Why not free the rejected cells: llama.cpp puts the next tokens into the lowest free cells, so they
+        would sit between the kept cells, attention would sum over the context in another order, and the
+        logits would stop being bit-identical to plain decoding's. Junk cells are masked (skipped) by every
+        later pass; `_make_room` compacts the cache when they add up."""
+        tree, self._tree = self._tree, None
+        if start != tree.start or kept[0] != 0 or any(tree.positions[k] != start + j for j, k in enumerate(kept)):
+            raise ValueError(f"keep({start}, {kept}) is not a root-to-node path of the scored tree")
+        rejected = sorted(set(range(len(tree.positions))) - set(kept))
+        for i in rejected:  # node i is the one cell of its first leaf's sequence at its position
+            pos = tree.positions[i]
+            llama_cpp.llama_memory_seq_cp(self._mem, tree.seqs[i][0], JUNK_SEQ, pos, pos + 1)
+        # Any leaf through the last kept node holds the whole kept path at positions start .. start + len - 1.
+        llama_cpp.llama_memory_seq_cp(self._mem, tree.seqs[kept[-1]][0], 0, start, start + len(kept))
+        for seq in tree.leaf_seqs:
+            llama_cpp.llama_memory_seq_rm(self._mem, seq, -1, -1)
+        self._length = start + len(kept)
+        self._junk += len(rejected)
+
+    def _make_room(self, q: int) -> None:
+        """Compact the cache (drop the junk cells) when they fill it or add up: save sequence 0's state, clear,
+        restore; its cells come back contiguous and in order, so later passes stay exact."""
+        if not self._junk or (self._junk < JUNK_LIMIT and self._length + self._junk + q <= self.max_context):
+            return
+        size = llama_cpp.llama_state_seq_get_size(self._ctx, 0)
+        buf = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, 0)
+        llama_cpp.llama_memory_clear(self._mem, True)
+        if not written or llama_cpp.llama_state_seq_set_data(self._ctx, buf, written, 0) == 0:
+            raise HyflashError(f"llama.cpp could not compact {self.name}'s cache")
+        self._junk = 0
+
+    def _decode(self, ids: list[int], outputs: int, features: bool,
+                tree: _TreeBlock | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One llama_decode of `ids` at the cache's end (a chain in sequence 0, or a tree's layout); logits of
+        the last `outputs` positions."""
         if features and not self.record_features:
             raise HyflashError(f"{self.name} was loaded with record_features=False: it cannot give features")
         q, batch = len(ids), self._batch
         first_output = q - outputs
         for i, token in enumerate(ids):
+            seqs = (0,) if tree is None else tree.seqs[i]
             batch.token[i] = token
-            batch.pos[i] = self._length + i
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = 0
+            batch.pos[i] = self._length + i if tree is None else tree.positions[i]
+            batch.n_seq_id[i] = len(seqs)
+            for k, seq in enumerate(seqs):
+                batch.seq_id[i][k] = seq
             batch.logits[i] = i >= first_output
         batch.n_tokens = q
         self._parts = [[] for _ in self.feature_layers]
