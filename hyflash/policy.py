@@ -118,11 +118,7 @@ class SpeculationPolicy:
                 rate = gains[k] / self.pass_cost(k + 1, context)
                 if rate > best_rate:
                     best, best_k, best_rate = draft, k, rate
-        if any(len(d.tokens) and d.expensive for d in candidates):
-            # Drafted at a cost: back off when nothing it proposed was worth verifying.
-            nothing = best is None or not best.expensive
-            self.skip = min(max(1, 2 * self.skip), self.config.max_skip) if nothing else 0
-            self.skip_left = self.skip
+        self._back_off(candidates, paid=best is not None and best.expensive)
         if best is None:
             self.lengths[0] += int(any(len(d.tokens) for d in candidates))  # a plain step by choice
             return None
@@ -160,11 +156,19 @@ class SpeculationPolicy:
         else:
             n = max(range(len(tree) + 1), key=lambda m: (1 + cum[m]) / self.pass_cost(m + 1, context))
         self.lengths[n] += 1
+        self._back_off(candidates, paid=n > 0)
         if n == 0:
             return None
         self.sources["tree"] += 1
         return DraftTree(tree.tokens[:n], tree.parents[:n], tree.depths[:n], source=block.source,
                          confidence=conf)
+
+    def _back_off(self, candidates: list[Draft], paid: bool) -> None:
+        """Drafted at a cost: skip drafting for 1, 2, 4, ... steps (up to max_skip) while nothing it proposed
+        was worth verifying; one draft that pays resets it."""
+        if any(len(d.tokens) and d.expensive for d in candidates):
+            self.skip = 0 if paid else min(max(1, 2 * self.skip), self.config.max_skip)
+            self.skip_left = self.skip
 
     def _take(self, draft: Draft, k: int) -> Draft:
         self.sources[draft.source] += 1

@@ -83,6 +83,23 @@ def test_expensive_drafter_backs_off_doubling_and_recovers():
     assert policy.wants_draft()
 
 
+def test_tree_mode_backs_off_when_no_tree_pays():
+    """--tree auto on a steep curve (llama.cpp Q4_1: 8 tokens cost 5 steps) picks 0 nodes; the drafter that
+    was paid for every step must then rest, as in chain mode."""
+    policy = SpeculationPolicy(curve([10, 15, 40, 60]), PolicyConfig(tree=-1, max_skip=4))
+    probs = torch.full((3, 4), 0.25)
+    weak = Draft(torch.zeros(3, dtype=torch.long), confidence=torch.tensor([0.25] * 3), slot_probs=probs,
+                 expensive=True)
+    assert policy.plan([weak], 0) is None
+    assert not policy.wants_draft() and policy.wants_draft()  # skipped one step
+    sure = torch.zeros(3, 4)
+    sure[:, 0] = 1.0
+    strong = Draft(torch.zeros(3, dtype=torch.long), confidence=torch.ones(3), slot_probs=sure, expensive=True)
+    for _ in range(30):  # calibrated as always right
+        policy.observe(strong, 3)
+    assert policy.plan([strong], 0) is not None and policy.wants_draft()
+
+
 def test_cheap_drafts_never_trigger_back_off():
     policy = SpeculationPolicy(curve([10, 30, 40, 50]))
     policy.plan([draft([0.3], source="ngram", expensive=False)], 0)
