@@ -99,6 +99,10 @@ def test_data_folder_round_trip_and_checksum(llama_target, tmp_path):
         TokenDataset(tmp_path / "d")
     with pytest.raises(HyflashError, match="not a hyflash data folder"):
         TokenDataset(tmp_path / "nothing")
+    long = tmp_path / "long"
+    write_dataset(long, [[1] * 2048, [2] * 100, [3] * 2047], [10, 10, 10], llama_target.signature())
+    stats = TokenDataset(long).stats()
+    assert stats["long_sequences_2k"] == 1 and stats["token_share_in_2k_sequences"] == round(2048 / 4195, 4)
 
 
 def test_anchors_only_on_target_written_blocks():

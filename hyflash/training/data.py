@@ -395,6 +395,7 @@ class TokenDataset:
             "generated_tokens": int(generated.sum()),
             "max_length": int(lengths.max()),
             "long_sequences_2k": int((lengths >= 2048).sum()),
+            "token_share_in_2k_sequences": round(float(lengths[lengths >= 2048].sum() / max(1, lengths.sum())), 4),
         }
 
 
