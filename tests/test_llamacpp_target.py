@@ -262,6 +262,20 @@ def test_bench_llama_cpp_peers_produce_rows(lcpp, tmp_path):
 
 
 @pytest.mark.slow
+def test_llama_cpp_prompt_lookup_handles_prompts_longer_than_a_batch(lcpp):
+    """llama-cpp-python 0.3.36 sizes its logits array by n_batch unless logits_all is passed, so prompt lookup
+    crashed on prompts over 512 tokens (the code and long bench sets)."""
+    from hyflash.bench.methods import LlamaCppMethod
+    from hyflash.sampling import SamplingConfig
+
+    prompt = [int(t) for t in lcpp.tokenizer("def f(x):\n    return x + 1\n" * 60)["input_ids"]][:600]
+    assert len(prompt) == 600
+    runs = [LlamaCppMethod(name, lookup).run(lcpp, prompt, 4, SamplingConfig(), 0)
+            for name, lookup in (("plain", None), ("lookup", 10))]
+    assert runs[0].tokens == runs[1].tokens and len(runs[0].tokens) == 4
+
+
+@pytest.mark.slow
 def test_calibration_is_keyed_by_backend_and_file(lcpp, tmp_path, monkeypatch):
     from hyflash.calibration import cache_path, calibrate, machine_key
     from hyflash.targets.llamacpp import file_fingerprint

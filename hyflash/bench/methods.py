@@ -242,7 +242,10 @@ class LlamaCppMethod(Method):
                 max_ngram_size=self.max_matching_ngram, num_pred_tokens=self.prompt_lookup_tokens)
             llm = Llama(str(target_gguf(target)), n_ctx=min(target.max_context, DEFAULT_N_CTX), n_batch=BATCH,
                         n_ubatch=BATCH, n_threads=threads, n_threads_batch=threads, swa_full=True,
-                        flash_attn=getattr(target, "flash_attn", FLASH_ATTN), draft_model=draft, verbose=False)
+                        flash_attn=getattr(target, "flash_attn", FLASH_ATTN), draft_model=draft,
+                        # With a draft model llama-cpp-python keeps logits of every position but sizes that
+                        # array from this argument: without it, prompts over n_batch tokens crash (0.3.36).
+                        logits_all=draft is not None, verbose=False)
             evaluate = llm.eval
 
             def timed_eval(tokens):
