@@ -4,36 +4,15 @@ method's training step, checkpoint + exact resume, and the CLI."""
 from __future__ import annotations
 
 import json
-import string
 
 import pytest
 import torch
 from conftest import tiny_llama
 
 from hyflash.distill import rollout, tasks
-from hyflash.distill.student import save_model, truncate_layers
+from hyflash.distill.student import char_tokenizer, save_model, truncate_layers
 from hyflash.distill.trainer import METHODS, DistillConfig, Trainer
 from hyflash.errors import HyflashError
-
-CORE = list(dict.fromkeys(" \n0123456789+-=.:QAnswer"))
-
-
-def char_tokenizer(size: int = 97, width: int = 1):
-    """An offline fast tokenizer over characters (width 1) or character pairs (width 2): two different
-    vocabularies that cut the same text differently, for the cross-vocabulary tests."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["<pad>", "<eos>", "<unk>"]
-    if width == 1:
-        extra = [c for c in string.ascii_letters + string.punctuation if c not in CORE]
-        units = (CORE + extra)[: size - len(specials)]
-    else:
-        units = CORE + [a + b for a in CORE for b in CORE]
-    tk = Tokenizer(models.WordLevel({t: i for i, t in enumerate(specials + units)}, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]{1,%d}" % width), behavior="isolated")
-    tk.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,11 @@ def add_cli(sub) -> None:
     p.add_argument("--temperature", type=float, default=1.0, help="rollout temperature")
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--levels", default="1,2,3", help="arithmetic difficulty levels to mix (1-3)")
+    p.add_argument("--task", default="arithmetic", choices=["arithmetic", "chain"],
+                   help="arithmetic: few-shot one-step sums; chain: multi-step sums taught by fine-tuning")
+    p.add_argument("--levels", default="1,2,3", help="arithmetic: difficulty levels to mix (1-3); "
+                   "chain: numbers of operations")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--eval-size", type=int, default=96)
     p.add_argument("--checkpoint-every", type=int, default=10)
@@ -42,12 +46,69 @@ def add_cli(sub) -> None:
     g.add_argument("--switch-step", type=int, default=20, help="end of phase I (exploration)")
     g.add_argument("--updates-per-rollout", type=int, default=1)
     g.add_argument("--ratio-clip", type=float, default=2.0)
+    g.add_argument("--loss-normalization", default="kept", choices=["kept", "valid"],
+                   help="kept: divide by the credited tokens (published form); valid: by every response "
+                   "token, as OPD does (the fair comparison)")
     g = p.add_argument_group("baselines")
     g.add_argument("--gkd-beta", type=float, default=0.5, help="generalised JSD: 0 forward KL, 1 reverse KL")
     g.add_argument("--skew-alpha", type=float, default=0.1, help="DistiLLM skew reverse KL mixture weight")
     g.add_argument("--sft-cache", default=None, help="JSONL cache of teacher samples for --method sft")
     p.add_argument("--no-plot", action="store_true")
     p.set_defaults(handler=cmd_distill)
+    _add_experiment_cli(sub)
+
+
+def _add_experiment_cli(sub) -> None:
+    from hyflash.distill.scales import SCALES
+
+    p = sub.add_parser(
+        "reopold-experiment",
+        help="the decisive REOPOLD vs OPD sample-efficiency experiment (fine-tuned teacher, probed student, "
+        "LR grid, 3 seeds per method, bootstrap CIs); resumable",
+        description="Runs every stage of the protocol in docs/reopold.md into --out, skipping finished stages "
+        "and resuming unfinished runs, then writes summary.json, results.md and accuracy_entropy.png.",
+    )
+    p.add_argument("--out", required=True, help="experiment folder (run the same command again to resume)")
+    p.add_argument("--scale", default="cpu", choices=list(SCALES),
+                   help="tiny: seconds, for tests; cpu: a few hours on 2 cores; gpu: one H200, under 9 minutes")
+    p.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None,
+                   help="override the scale's device (e.g. --scale tiny --device cuda: a CUDA smoke test)")
+    p.add_argument("--report-only", action="store_true", help="only rewrite the summary, table and plot")
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="keep the weights of finished runs (by default only their logs and state are kept)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(handler=cmd_reopold_experiment)
+
+
+def cmd_reopold_experiment(args) -> int:
+    import dataclasses
+    from pathlib import Path
+
+    import torch
+
+    from hyflash.distill.protocol import Experiment
+    from hyflash.distill.report import write_report
+    from hyflash.distill.scales import get_scale
+
+    scale = get_scale(args.scale)
+    if args.device:
+        scale = dataclasses.replace(scale, device=args.device)
+    if scale.threads:
+        torch.set_num_threads(scale.threads)
+    if scale.device != "cpu":
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls: the fp32 training passes run ~2-4x faster
+    out = Path(args.out)
+    if args.report_only:
+        if not (out / "scale.json").exists():
+            raise HyflashError(f"{out} holds no experiment to report on: run without --report-only first")
+        summary = write_report(out, scale)
+    else:
+        summary = Experiment(out, scale, progress=not args.no_progress, keep_checkpoints=args.keep_checkpoints).run()
+    print(f"teacher {summary['teacher_accuracy']}, start {summary['start_accuracy']}, seeds "
+          f"{summary['seeds_per_method']}; samples-to-reach ratio {summary['samples_to_reach_ratio']} "
+          f"CI {summary['samples_to_reach_ratio_ci']}, within_one_third {summary['within_one_third']}, "
+          f"direction {summary['direction']}; bar met: {summary['bar']['met']}. Written to {out}/summary.json")
+    return 0
 
 
 def cmd_distill(args) -> int:
@@ -65,7 +126,8 @@ def cmd_distill(args) -> int:
     config = DistillConfig(
         method=args.method, teacher=args.teacher, student=args.student, out=args.out, steps=args.steps,
         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-        lr=args.lr, seed=args.seed, levels=levels, eval_every=args.eval_every, eval_size=args.eval_size,
+        lr=args.lr, seed=args.seed, task=args.task, levels=levels, eval_every=args.eval_every,
+        eval_size=args.eval_size, device=args.device, loss_normalization=args.loss_normalization,
         checkpoint_every=args.checkpoint_every, teacher_dtype=args.teacher_dtype,
         rollout_dtype=args.rollout_dtype, floor=args.floor,
         lam=args.lam, floor_form=args.floor_form, entropy_top_fraction=args.entropy_top,

@@ -7,6 +7,11 @@ held-out accuracy and student entropy against samples seen. Finished runs are sk
 resumed, so the experiment can be restarted after an interruption.
 
     python -m hyflash.distill.experiment --out docs/results/reopold --seeds 0 1
+
+This is the first, undecided experiment of docs/reopold.md (kept to reproduce docs/results/reopold). The
+decisive one (issue 15: fine-tuned teacher, probed student, learning-rate grid, smoothed samples-to-reach
+with bootstrap intervals) is `hyflash reopold-experiment` (protocol.py), which reuses the plots and run
+bookkeeping below.
 """
 
 from __future__ import annotations
@@ -26,10 +31,14 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def plot_runs(
-    groups: dict[str, list[str]], path: str, teacher_accuracy: float | None = None, switch_at: int | None = None
+    groups: dict[str, list[str]], path: str, teacher_accuracy: float | None = None, switch_at: int | None = None,
+    smooth_window: int = 1, level: float | None = None,
 ) -> None:
     """Held-out accuracy (left) and student sample entropy (right) against samples seen; thin lines are
-    seeds, thick lines the mean over seeds; `switch_at` marks REOPOLD's phase switch (in samples)."""
+    seeds, thick lines the mean over seeds (smoothed over `smooth_window` evaluations, as samples-to-reach
+    reads them); `switch_at` marks REOPOLD's phase switch (in samples), `level` the accuracy to reach."""
+    from hyflash.distill.reach import smooth
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -53,10 +62,12 @@ def plot_runs(
         n = min((len(c) for c in curves), default=0)
         if n:
             xs = [e["samples"] for e in curves[0][:n]]
-            mean = np.mean([[e["accuracy"] for e in c[:n]] for c in curves], axis=0)
+            mean = smooth(list(np.mean([[e["accuracy"] for e in c[:n]] for c in curves], axis=0)), smooth_window)
             ax_acc.plot(xs, mean, color=color, lw=2.5, label=f"{method} ({len(curves)} seeds)")
     if teacher_accuracy is not None:
         ax_acc.axhline(teacher_accuracy, color="black", ls="--", lw=1, label="teacher")
+    if level is not None:
+        ax_acc.axhline(level, color="gray", ls=":", lw=1, label="level to reach")
     if switch_at:
         for ax in (ax_acc, ax_ent):
             ax.axvline(switch_at, color=COLORS["reopold"], ls=":", lw=1, label="REOPOLD switch" if ax is ax_ent else None)
@@ -82,7 +93,7 @@ def summarise(out: Path, methods: list[str], seeds: list[int], steps: int, extra
 
     summary: dict = dict(extra, methods={})
     for m in methods:
-        done = [s for s in seeds if _finished(out / f"{m}-seed{s}", steps)]
+        done = [s for s in seeds if run_finished(out / f"{m}-seed{s}", steps)]
         evals = [read_jsonl(out / f"{m}-seed{s}" / "eval.jsonl") for s in done]
         trains = [read_jsonl(out / f"{m}-seed{s}" / "train.jsonl") for s in done]
         acc = [ev[-1]["accuracy"] for ev in evals]
@@ -142,7 +153,7 @@ def results_markdown(summary: dict, final: dict | None) -> str:
 
 def report(out: Path, methods: list[str], seeds: list[int], steps: int, extra: dict) -> dict:
     """Plot and summarise the finished runs (unfinished ones are left out of both)."""
-    groups = {m: [str(out / f"{m}-seed{s}") for s in seeds if _finished(out / f"{m}-seed{s}", steps)]
+    groups = {m: [str(out / f"{m}-seed{s}") for s in seeds if run_finished(out / f"{m}-seed{s}", steps)]
               for m in methods}
     args = extra.get("args", {})
     switch_at = args.get("switch_step", 0) * args.get("batch_size", 0) if "reopold" in methods else None
@@ -166,7 +177,7 @@ def final_eval(out: Path, methods: list[str], seeds: list[int], steps: int, size
     folders = {"teacher": None, "warmup": out / "warmup" / "checkpoint"}
     for m in methods:
         for s in seeds:
-            if _finished(out / f"{m}-seed{s}", steps):
+            if run_finished(out / f"{m}-seed{s}", steps):
                 folders[f"{m}-seed{s}"] = out / f"{m}-seed{s}" / "checkpoint"
     results = {}
     for name, folder in folders.items():
@@ -201,9 +212,13 @@ def _mean_curve(runs: list[list[dict]]) -> list[dict]:
             for i in range(n)]
 
 
-def _finished(folder: Path, steps: int) -> bool:
+def run_finished(folder: Path, steps: int) -> bool:
+    """Whether the run in `folder` checkpointed its last step (or stopped early at its accuracy target)."""
     state = folder / "checkpoint" / "state.json"
-    return state.exists() and json.loads(state.read_text())["step"] >= steps
+    if not state.exists():
+        return False
+    state = json.loads(state.read_text())
+    return state["step"] >= steps or bool(state.get("stopped_early"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -268,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     warm = DistillConfig(method="sft", student=f"first-{args.layers}", out=str(warm_dir), steps=args.warmup_steps,
                          lr=args.warmup_lr, seed=1000, checkpoint_every=args.warmup_steps,
                          eval_every=args.warmup_steps, **common)
-    if not _finished(warm_dir, args.warmup_steps):
+    if not run_finished(warm_dir, args.warmup_steps):
         Trainer(warm, teacher=teacher, teacher_tokenizer=tok, resume=(warm_dir / "checkpoint").exists()).run()
     student_dir = warm_dir / "checkpoint"
 
@@ -279,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in args.seeds:
         for method in args.methods:
             folder = out / f"{method}-seed{seed}"
-            if _finished(folder, args.steps):
+            if run_finished(folder, args.steps):
                 continue
             config = DistillConfig(method=method, student=str(student_dir), out=str(folder), steps=args.steps,
                                    lr=args.lr, seed=seed, switch_step=args.switch_step,

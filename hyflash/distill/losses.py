@@ -20,8 +20,15 @@ from hyflash.distill.credit import (
     reward_quantiles,
     token_reward,
 )
+from hyflash.errors import HyflashError
 
 CHUNK_POSITIONS = 256
+# What a sampled-token loss divides by: "kept" = the tokens that get credit (REOPOLD's published form; for
+# OPD every valid token is kept), "valid" = every response token of the batch, whatever the mask. Only
+# "valid" makes REOPOLD's update exactly OPD's with some terms clipped or dropped: under "kept" its phase-II
+# update is rescaled by 1/beta (5x at beta = 0.2) and the scale jumps at the switch step, which confounds the
+# credit rule with the step size.
+NORMALIZATIONS = ("kept", "valid")
 
 
 def token_logp_entropy(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,11 +46,16 @@ def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def policy_loss(
-    logp: torch.Tensor, advantage: torch.Tensor, mask: torch.Tensor, rho: torch.Tensor | None = None
+    logp: torch.Tensor, advantage: torch.Tensor, mask: torch.Tensor, rho: torch.Tensor | None = None,
+    normalizer: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """-sum M * Rhat * rho * log pi_S / sum M: the score-function surrogate whose gradient is the update."""
+    """-sum M * Rhat * rho * log pi_S / sum N: the score-function surrogate whose gradient is the update.
+    N = M unless `normalizer` gives another token mask (e.g. every valid token, see NORMALIZATIONS)."""
     weight = advantage.detach() if rho is None else advantage.detach() * rho.detach()
-    return -_masked_mean(weight * logp, mask)
+    if normalizer is None:
+        return -_masked_mean(weight * logp, mask)
+    total = (weight * logp * mask.to(logp.dtype)).sum()
+    return -total / normalizer.to(logp.dtype).sum().clamp(min=1)
 
 
 def opd_loss(logp: torch.Tensor, teacher_logp: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -68,13 +80,16 @@ def reopold_loss(
     config: CreditConfig,
     sampling_logp: torch.Tensor | None = None,
     ratio_clip: float | None = None,
+    normalize: str = "kept",
 ) -> LossOutput:
     """REOPOLD on sampled tokens. `sampling_logp` (log-probs under the policy that drew the tokens) turns on
-    the importance ratio; without it the rollout is taken as fresh (rho = 1)."""
+    the importance ratio; without it the rollout is taken as fresh (rho = 1). `normalize`: NORMALIZATIONS."""
+    if normalize not in NORMALIZATIONS:
+        raise HyflashError(f"unknown loss normalization {normalize!r}: use one of {', '.join(NORMALIZATIONS)}")
     reward = token_reward(teacher_logp, logp)
     credit = reopold_credit(reward, entropy, valid, step, config)
     rho = None if sampling_logp is None else importance_weight(logp, sampling_logp, ratio_clip)
-    loss = policy_loss(logp, credit.advantage, credit.mask, rho)
+    loss = policy_loss(logp, credit.advantage, credit.mask, rho, normalizer=valid if normalize == "valid" else None)
     stats = dict(credit.stats, **reward_quantiles(reward, valid))
     if rho is not None:
         stats["ratio_mean"] = float(_masked_mean(rho, valid))

@@ -66,6 +66,10 @@ def stop_token_ids(tokenizer) -> set[int]:
     return stops
 
 
+def model_device(model) -> torch.device:
+    return model.get_input_embeddings().weight.device
+
+
 @torch.no_grad()
 def sample(
     model,
@@ -77,22 +81,30 @@ def sample(
     stops: set[int] | None = None,
 ) -> Rollout:
     """Sample one response per prompt (temperature 0 = greedy), with a KV cache, stopping per row at any of
-    `stops` (default: newline or end of sequence)."""
-    ids, mask = encode_left_padded(tokenizer, prompts)
+    `stops` (default: newline or end of sequence). Runs on the model's device; `generator` must live there.
+
+    On an accelerator the "all rows done?" test (a device-to-host sync) runs every few tokens only, so the
+    host can queue the next steps; the extra tokens of finished rows are padding and change nothing.
+    """
+    device = model_device(model)
+    ids, mask = (t.to(device) for t in encode_left_padded(tokenizer, prompts))
     batch, prompt_len = ids.shape
-    stops = torch.tensor(sorted(stop_token_ids(tokenizer) if stops is None else stops))
+    stops = torch.tensor(sorted(stop_token_ids(tokenizer) if stops is None else stops), device=device)
+    check_every = 1 if device.type == "cpu" else 4
     pad = pad_id(tokenizer)
     cache = DynamicCache()
     step_ids, step_pos, full_mask = ids, positions(mask), mask
-    done = torch.zeros(batch, dtype=torch.bool)
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
     out_tokens, out_logp, out_valid = [], [], []
-    for _ in range(max_new_tokens):
-        out = model(input_ids=step_ids, attention_mask=full_mask, position_ids=step_pos, cache=cache, use_cache=True)
+    for step in range(max_new_tokens):
+        # Only the last position's logits are used: the prefill need not run the head on the whole prompt.
+        out = model(input_ids=step_ids, attention_mask=full_mask, position_ids=step_pos, cache=cache,
+                    use_cache=True, logits_to_keep=1)
         cache = out.cache
         logits = out.logits[:, -1].float()
         if temperature == 0:
             token = logits.argmax(-1)
-            logp = torch.zeros(batch)
+            logp = torch.zeros(batch, device=device)
         else:
             logp_all = torch.log_softmax(logits / temperature, -1)
             token = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
@@ -102,14 +114,13 @@ def sample(
         out_logp.append(torch.where(done, torch.zeros_like(logp), logp))
         out_valid.append(~done)
         done = done | torch.isin(token, stops)
-        if bool(done.all()):
+        if step % check_every == check_every - 1 and bool(done.all()):
             break
         step_ids, step_pos = token[:, None], step_pos[:, -1:] + 1
         # Finished rows keep running on pad tokens (their outputs are discarded), so the mask stays all ones.
-        full_mask = torch.cat([full_mask, torch.ones(batch, 1, dtype=full_mask.dtype)], dim=1)
+        full_mask = torch.cat([full_mask, torch.ones(batch, 1, dtype=full_mask.dtype, device=device)], dim=1)
     response = torch.stack(out_tokens, 1)
     valid = torch.stack(out_valid, 1)
-    texts = [tokenizer.decode(r[v].tolist(), skip_special_tokens=True) for r, v in zip(response, valid)]
     return Rollout(
         prompts=list(prompts),
         ids=torch.cat([ids, response], 1),
@@ -117,8 +128,14 @@ def sample(
         prompt_len=prompt_len,
         valid=valid,
         sampling_logp=torch.stack(out_logp, 1),
-        texts=texts,
+        texts=decode_responses(tokenizer, response, valid),
     )
+
+
+def decode_responses(tokenizer, response: torch.Tensor, valid: torch.Tensor) -> list[str]:
+    """Texts of the valid tokens per row, from one host copy of the batch (not one sync per row)."""
+    rows, keep = response.tolist(), valid.tolist()
+    return [tokenizer.decode([t for t, k in zip(r, v) if k], skip_special_tokens=True) for r, v in zip(rows, keep)]
 
 
 def response_logits(model, ids: torch.Tensor, mask: torch.Tensor, prompt_len: int) -> torch.Tensor:
@@ -128,12 +145,20 @@ def response_logits(model, ids: torch.Tensor, mask: torch.Tensor, prompt_len: in
     return out.logits[:, :-1]
 
 
+SCORING_LOGITS_BYTES = 1 << 28  # float32 logits held at once while scoring (256 MiB)
+
+
 @torch.no_grad()
-def teacher_scores(teacher, rollout: Rollout, full: bool = False, rows_per_chunk: int = 8):
+def teacher_scores(teacher, rollout: Rollout, full: bool = False, rows_per_chunk: int | None = None):
     """Teacher log-probs of the sampled tokens [B, T] and, when `full`, its logits [B, T, V] (float32).
 
-    Runs `rows_per_chunk` rows at a time so a large vocabulary (Gemma's 262k) keeps memory bounded.
+    Runs `rows_per_chunk` rows at a time so a large vocabulary (Gemma's 262k) keeps memory bounded; by
+    default as many rows as fit SCORING_LOGITS_BYTES (about 40 rows of 32 tokens with SmolLM2's 49k).
     """
+    if rows_per_chunk is None:
+        vocab = teacher.get_output_embeddings().weight.shape[0]
+        width = max(rollout.ids.shape[1] - rollout.prompt_len, 1)
+        rows_per_chunk = max(1, SCORING_LOGITS_BYTES // (4 * vocab * width))
     token_logp, logits_out = [], []
     for start in range(0, rollout.ids.shape[0], rows_per_chunk):
         sl = slice(start, start + rows_per_chunk)
@@ -179,9 +204,11 @@ def credit_by_spans(
 @torch.no_grad()
 def teacher_scores_cross_vocab(teacher, teacher_tokenizer, student_tokenizer, rollout: Rollout) -> torch.Tensor:
     """Teacher log-probs credited to the student's tokens [B, T] when the vocabularies differ."""
-    result = torch.zeros(rollout.valid.shape)
+    device = model_device(teacher)
+    result = torch.zeros(rollout.valid.shape, device=rollout.valid.device)
+    responses, valid = rollout.response.tolist(), rollout.valid.tolist()
     for row in range(rollout.ids.shape[0]):
-        tokens = rollout.response[row][rollout.valid[row]].tolist()
+        tokens = [t for t, keep in zip(responses[row], valid[row]) if keep]
         if not tokens:
             continue
         text = student_tokenizer.decode(tokens, skip_special_tokens=True)
@@ -190,10 +217,10 @@ def teacher_scores_cross_vocab(teacher, teacher_tokenizer, student_tokenizer, ro
         resp_ids = enc["input_ids"]
         if not resp_ids:  # the response decodes to nothing (e.g. only a stop token): no teacher signal
             continue
-        ids = torch.tensor([prompt_ids + resp_ids])
+        ids = torch.tensor([prompt_ids + resp_ids], device=device)
         logits = response_logits(teacher, ids, torch.ones_like(ids), len(prompt_ids)).float()[0]
-        logp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(resp_ids)[:, None]).squeeze(-1)
+        logp = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt_ids):, None]).squeeze(-1)
         ends = [e for _, e in enc["offset_mapping"]]
         credited = credit_by_spans(token_char_spans(student_tokenizer, tokens), ends, logp.tolist())
-        result[row, : len(tokens)] = torch.tensor(credited)
+        result[row, : len(tokens)] = torch.tensor(credited, device=result.device)
     return result

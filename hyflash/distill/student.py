@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import re
+import string
 from pathlib import Path
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -71,3 +72,44 @@ def save_model(model, tokenizer, folder: Path) -> None:
 def same_vocabulary(tok_a, tok_b) -> bool:
     return len(tok_a) == len(tok_b) and tok_a.get_vocab() == tok_b.get_vocab()
 
+
+
+# ----- tiny stand-ins (tests and the experiment's tiny scale) --------------------------------------------
+TASK_CHARACTERS = list(dict.fromkeys(" \n0123456789+-=.,:QAnswer"))  # every character the tasks write
+
+
+def char_tokenizer(size: int = 97, width: int = 1):
+    """An offline fast tokenizer over characters (width 1) or character pairs (width 2): two vocabularies
+    that cut the same text differently (the cross-vocabulary tests), with pad and eos but no bos."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<eos>", "<unk>"]
+    core = TASK_CHARACTERS
+    if width == 1:
+        extra = [c for c in string.ascii_letters + string.punctuation if c not in core]
+        units = (core + extra)[: size - len(specials)]
+    else:
+        units = core + [a + b for a in core for b in core]
+    tk = Tokenizer(models.WordLevel({t: i for i, t in enumerate(specials + units)}, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]{1,%d}" % width), behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+
+
+def save_tiny_model(folder: Path, layers: int = 4, hidden: int = 32, seed: int = 0) -> Path:
+    """A tiny random Llama over `char_tokenizer()`, saved as a model folder: a stand-in for SmolLM2 that
+    every stage of the experiment can fine-tune, cut and distil in milliseconds."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = char_tokenizer()
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    save_model(LlamaForCausalLM(config).float().eval(), tokenizer, folder)
+    return folder

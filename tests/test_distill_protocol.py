@@ -1,0 +1,301 @@
+"""The decisive REOPOLD experiment: the chain task's exact checker and disjoint splits, samples-to-reach on
+smoothed curves and the verdict on synthetic curves, the summary's fields, the trainer pieces the protocol
+added (early stop, valid-token normalisation, robust logs), and a tiny end-to-end run that is killed and
+resumed to the same summary."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hyflash.distill import credit, losses, reach, tasks
+from hyflash.distill.protocol import best_learning_rate, grid_score, pick_layers
+from hyflash.distill.report import build_summary
+from hyflash.distill.scales import SCALES, get_scale
+from hyflash.errors import HyflashError
+
+REPO = Path(__file__).resolve().parents[1]
+REQUIRED = ("teacher_accuracy", "start_accuracy", "eval_size", "seeds_per_method", "curves",
+            "opd_improved_over_start", "samples_to_reach_ratio", "samples_to_reach_ratio_ci", "within_one_third")
+
+
+# ----- the task ---------------------------------------------------------------------------------------------
+def test_chain_checker_is_exact():
+    problems = tasks.chain_split("test", 200, seed=0, levels=(1, 2, 3))
+    assert {p.level for p in problems} == {1, 2, 3}
+    for p in problems:
+        assert eval(p.question) == p.answer and len(p.steps) == p.level  # the question is plain Python
+        for step in p.steps:  # every worked step is right, and the last one ends at the answer
+            lhs, rhs = step.split("=")
+            assert eval(lhs) == int(rhs) >= 0
+        assert p.steps[-1].endswith(f"={p.answer}")
+        assert p.check(p.solution) and tasks.is_correct(p, p.solution)
+        for wrong in (p.answer + 1, p.answer - 1):
+            assert not p.check(p.solution.replace(f"Answer: {p.answer}", f"Answer: {wrong}"))
+    p = problems[0]
+    assert p.check(f" anything. Answer: {p.answer}")  # only the final answer is graded
+    assert not p.check(f" Answer: {p.answer}0")  # a longer number is another number
+    assert not p.check(f" Answer: {p.answer}.5")
+    assert not p.check(f" Answer: {p.answer} or so")
+    assert not p.check(f" no answer\nAnswer: {p.answer}")  # only the first line counts
+    assert not p.check("")
+
+
+def test_chain_splits_are_disjoint_and_deterministic():
+    train = tasks.chain_split("train", 5000, seed=0)
+    val, test = tasks.chain_split("val", 500, seed=0), tasks.chain_split("test", 600, seed=0)
+    other_test = tasks.chain_split("test", 600, seed=7)
+    q = lambda ps: {p.question for p in ps}  # noqa: E731
+    assert len(q(train)) == 5000 and len(q(test)) == 600  # distinct within a split
+    assert not q(train) & (q(val) | q(test) | q(other_test)) and not q(val) & q(test)
+    assert test == tasks.chain_split("test", 600, seed=0) and q(test) != q(other_test)
+    assert all(tasks.chain_split_of(p.question) == "test" for p in other_test)
+    assert tasks.chain_split("train", 100, seed=0) == train[:100]  # the runs' pool is part of the teacher's
+    with pytest.raises(HyflashError, match="unknown split"):
+        tasks.chain_split("dev", 3, 0)
+    with pytest.raises(HyflashError, match="unknown task"):
+        tasks.task_split("sorting", "test", 3, 0, (1,))
+
+
+# ----- samples-to-reach and the verdict ---------------------------------------------------------------------
+XS = [64 * i for i in range(33)]  # 2,048 samples, an evaluation every 64
+
+
+def _ramp(samples_to_full: float, start: float = 0.1, gain: float = 0.5) -> list[float]:
+    return [min(1.0, start + gain * x / samples_to_full) for x in XS]
+
+
+def _seeds(curve: list[float], spread: float = 0.04) -> list[list[float]]:
+    return [[v * (1 + e) for v in curve] for e in (-spread, 0.0, spread)]
+
+
+def test_smoothing_keeps_linear_trends_and_damps_spikes():
+    line = [0.1 + 0.01 * i for i in range(10)]
+    assert reach.smooth(line, 5) == pytest.approx(line)  # centred: no shift of a trend
+    spiky = [0.1] * 10
+    spiky[3] = 0.7
+    smoothed = reach.smooth(spiky, 3)
+    assert smoothed[0] == 0.1 and max(smoothed) == pytest.approx(0.3)
+
+
+def test_samples_to_reach_reads_the_smoothed_curve():
+    """A single lucky evaluation must not count as reaching a level: the raw curve crosses 0.5 at its spike
+    (128 samples), the smoothed one only where the real rise is."""
+    curve = [0.1 + 0.5 * max(0.0, x - 1024) / 1024 for x in XS]
+    curve[2] = 0.65
+    assert reach.samples_to_reach(XS, curve, 0.5) == pytest.approx(128 - 64 * 0.15 / 0.55)
+    at = reach.samples_to_reach(XS, reach.smooth(curve, 3), 0.5)
+    assert at > 1500
+    out = reach.compare(XS, {"opd": [curve] * 3, "reopold": [curve] * 3}, eval_size=1000)
+    assert out["methods"]["opd"]["samples_to_reach"] > 1500  # compare() smooths before reading
+
+
+def test_three_times_sooner_gives_ratio_three_with_an_interval():
+    opd, fast = _ramp(2048), _ramp(2048 / 3)  # REOPOLD gains as much in a third of the samples
+    out = reach.compare(XS, {"opd": _seeds(opd), "reopold": _seeds(fast), "sft": [opd] * 3}, eval_size=1000)
+    assert out["opd_improved_over_start"] is True
+    assert out["level"] == pytest.approx(0.1 + 0.9 * 0.5)
+    assert out["reopold_vs_opd"]["ratio"] == pytest.approx(3.0)
+    lo, hi = out["reopold_vs_opd"]["ci"]
+    assert lo < 3.0 < hi and hi - lo > 0.05  # the seeds' spread shows in the interval
+    assert out["within_one_third"] is False and out["direction"] == "confirmed"
+    assert out["methods"]["sft"]["ratio_vs_opd"] == pytest.approx(1.0)
+    assert out["methods"]["opd"]["samples_to_reach"] == pytest.approx(0.9 * 2048)
+
+
+def test_identical_curves_are_within_one_third():
+    out = reach.compare(XS, {"opd": _seeds(_ramp(2048)), "reopold": _seeds(_ramp(2048))}, eval_size=1000)
+    assert out["reopold_vs_opd"]["ratio"] == pytest.approx(1.0)
+    lo, hi = out["reopold_vs_opd"]["ci"]
+    assert lo <= 1.0 <= hi
+    assert out["within_one_third"] is True and out["direction"] == "within noise"
+
+
+def test_slower_and_undefined_verdicts():
+    never = [0.1] * len(XS)
+    slow = reach.compare(XS, {"opd": _seeds(_ramp(2048)), "reopold": [never] * 3}, eval_size=1000)
+    assert slow["reopold_vs_opd"]["ratio"] == 0.0 and slow["methods"]["reopold"]["samples_to_reach"] is None
+    assert slow["within_one_third"] is False and slow["direction"] == "refuted"
+    # OPD within noise of its start: no level, no ratio, no verdict.
+    flat = reach.compare(XS, {"opd": [[0.1 + 0.005 * (i % 2) for i in range(len(XS))]] * 3, "reopold": [never] * 3},
+                         eval_size=500)
+    assert flat["opd_improved_over_start"] is False
+    assert flat["within_one_third"] is None and flat["reopold_vs_opd"] is None
+    assert reach.compare(XS, {"reopold": [never]}, eval_size=500)["opd_improved_over_start"] is None
+
+
+def test_probe_and_grid_choices():
+    layers, rule = pick_layers({4: 0.05, 8: 0.22, 12: 0.41}, 0.3)
+    assert layers == 8 and rule.startswith("deepest")  # the most capacity that still starts low
+    assert pick_layers({4: 0.35, 8: 0.5}, 0.3)[0] == 4  # none starts low enough: the shallowest
+    assert grid_score([0.1, 0.2, 0.3, 0.4], 1) == pytest.approx(0.3)
+    assert best_learning_rate({3e-5: 0.2, 1e-4: 0.4, 3e-4: 0.4}) == 1e-4  # ties: first in grid order
+
+
+# ----- the losses are normalised alike ----------------------------------------------------------------------
+def test_valid_normalisation_only_drops_terms():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 6, 11, generator=g, requires_grad=True)
+    tokens = torch.randint(0, 11, (3, 6), generator=g)
+    valid = torch.ones(3, 6, dtype=torch.bool)
+    valid[1, 4:] = False
+    teacher_logp = torch.log_softmax(torch.randn(3, 6, 11, generator=g), -1).gather(-1, tokens[..., None])[..., 0]
+    logp, entropy = losses.token_logp_entropy(logits, tokens)
+    plain = credit.CreditConfig()
+    as_opd = losses.reopold_loss(logp, entropy, teacher_logp, valid, 0, plain, normalize="valid").loss
+    torch.testing.assert_close(as_opd, losses.opd_loss(logp, teacher_logp, valid))
+    masked = credit.CreditConfig(floor=-1.0, entropy_top_fraction=0.25)
+    kept = losses.reopold_loss(logp, entropy, teacher_logp, valid, 0, masked, normalize="kept")
+    by_valid = losses.reopold_loss(logp, entropy, teacher_logp, valid, 0, masked, normalize="valid")
+    # Same terms, other denominator: "kept" divides by the 25% kept, "valid" by every response token.
+    torch.testing.assert_close(by_valid.loss, kept.loss * kept.stats["kept_fraction"])
+    with pytest.raises(HyflashError, match="normalization"):
+        losses.reopold_loss(logp, entropy, teacher_logp, valid, 0, plain, normalize="tokens")
+
+
+# ----- the summary on synthetic runs ------------------------------------------------------------------------
+def _fake_run(folder: Path, curve: list[float], samples: list[int], steps: int) -> None:
+    (folder / "checkpoint").mkdir(parents=True)
+    (folder / "checkpoint" / "state.json").write_text(json.dumps({"step": steps}))
+    (folder / "eval.jsonl").write_text("".join(
+        json.dumps({"step": i, "samples": x, "accuracy": a, "mean_tokens": 20.0}) + "\n"
+        for i, (x, a) in enumerate(zip(samples, curve))))
+    (folder / "train.jsonl").write_text("".join(
+        json.dumps({"step": i + 1, "samples": x, "entropy": 0.3}) + "\n" for i, x in enumerate(samples[1:])))
+
+
+def test_summary_fields_and_verdict_on_synthetic_runs(tmp_path):
+    scale = dataclasses.replace(get_scale("gpu"), steps=32, eval_every=1, batch_size=64, bootstrap=300)
+    samples = XS
+    for method, curve in (("opd", _ramp(2048)), ("reopold", _ramp(2048 / 3)), ("gkd", _ramp(2048)),
+                          ("sft", _ramp(4096))):
+        for seed, seeded in zip(scale.seeds, _seeds(curve)):
+            _fake_run(tmp_path / "runs" / f"{method}-seed{seed}", seeded, samples, scale.steps)
+    (tmp_path / "runs" / "gkd-seed2" / "checkpoint" / "state.json").write_text(json.dumps({"step": 5}))  # unfinished
+    (tmp_path / "teacher_eval.json").write_text(json.dumps({"accuracy": 0.86}))
+    (tmp_path / "start_eval.json").write_text(json.dumps({"accuracy": 0.1}))
+    summary = build_summary(tmp_path, scale)
+    assert set(REQUIRED) <= set(summary)
+    assert summary["seeds_per_method"] == {"reopold": [0, 1, 2], "opd": [0, 1, 2], "gkd": [0, 1], "sft": [0, 1, 2]}
+    assert summary["samples_to_reach_ratio"] == pytest.approx(3.0)
+    lo, hi = summary["samples_to_reach_ratio_ci"]
+    assert lo < 3 < hi and summary["within_one_third"] is False and summary["direction"] == "confirmed"
+    assert summary["reach"]["methods"]["sft"]["ratio_vs_opd"] < 1  # SFT learns slower here
+    assert summary["curves"]["opd"]["samples"] == samples and len(summary["curves"]["opd"]["entropy_mean"]) == 32
+    assert summary["bar"]["teacher_at_least_0.8"] and summary["bar"]["start_at_most_0.3"]
+    assert summary["bar"]["verdict_recorded"] and summary["bar"]["met"] is True
+    json.dumps(summary, allow_nan=False)  # strict JSON: no NaN or Infinity anywhere
+
+
+# ----- the trainer pieces the protocol relies on ------------------------------------------------------------
+def test_early_stop_and_safetensors_optimizer(tmp_path, monkeypatch):
+    from hyflash.distill import trainer as trainer_module
+    from hyflash.distill.experiment import run_finished
+    from hyflash.distill.student import load_model, save_tiny_model
+
+    base = save_tiny_model(tmp_path / "base", layers=2)
+    calls = []
+
+    def fake_evaluate(model, tokenizer, problems, max_new_tokens, batch=32):
+        calls.append(len(problems))
+        return {"accuracy": 0.9 if len(calls) >= 3 else 0.0, "mean_tokens": 1.0}
+
+    monkeypatch.setattr(trainer_module, "evaluate", fake_evaluate)
+    config = trainer_module.DistillConfig(
+        method="sft", sft_source="ground-truth", student=str(base), out=str(tmp_path / "run"), steps=10,
+        batch_size=2, max_new_tokens=4, task="chain", levels=(1,), train_pool=20, eval_split="val", eval_size=4,
+        eval_every=1, checkpoint_every=100, stop_at_accuracy=0.85, lr=1e-3)
+    trainer = trainer_module.Trainer(config)
+    assert trainer.teacher is None  # ground-truth SFT loads no teacher
+    trainer.run(progress=False)
+    assert trainer.step == 2 and trainer.stopped_early and run_finished(tmp_path / "run", 10)
+    ckpt = tmp_path / "run" / "checkpoint"
+    assert (ckpt / "optimizer.safetensors").exists() and not list(ckpt.glob("*.pt"))
+    resumed = trainer_module.Trainer(config, resume=True)
+    assert resumed.step == 2 and resumed.stopped_early
+    for key, value in trainer.optimizer.state_dict()["state"][0].items():
+        assert torch.equal(value, resumed.optimizer.state_dict()["state"][0][key])
+    resumed.run(progress=False)
+    assert resumed.step == 2  # an early-stopped run stays stopped
+    model, _ = load_model(str(ckpt))
+    assert model.config.num_hidden_layers == 2
+
+
+def test_logs_and_cache_survive_a_line_cut_by_a_kill(tmp_path):
+    from hyflash.distill.trainer import TeacherSamples
+
+    path = tmp_path / "samples.jsonl"
+    path.write_text(json.dumps({"prompt": "a", "response": "b"}) + "\n" + '{"prompt": "c", "resp')
+    cache = TeacherSamples(path, None, None, 4)
+    assert cache.cache == {"a": "b"} and path.read_text().count("\n") == 1
+
+
+# ----- end to end -------------------------------------------------------------------------------------------
+def _strip(summary: dict) -> dict:
+    return json.loads(json.dumps(summary))
+
+
+def _train_logs(out: Path) -> dict:
+    logs = {}
+    for path in sorted(out.glob("**/train.jsonl")):
+        logs[str(path.relative_to(out))] = [{k: v for k, v in json.loads(l).items() if k != "seconds"}
+                                            for l in path.read_text().splitlines()]
+    return logs
+
+
+def test_tiny_run_killed_and_resumed_gives_the_same_summary(tmp_path):
+    from hyflash.cli import main
+
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert main(["reopold-experiment", "--out", str(straight), "--scale", "tiny", "--no-progress"]) == 0
+    reference = json.loads((straight / "summary.json").read_text())
+    assert set(REQUIRED) <= set(reference)
+    assert reference["seeds_per_method"] == {m: [0, 1, 2] for m in SCALES["tiny"].methods}
+    assert set(reference["curves"]) == set(SCALES["tiny"].methods) and reference["eval_size"] == 8
+    assert (straight / "accuracy_entropy.png").stat().st_size > 0 and "| reopold | 3 |" in (
+        straight / "results.md").read_text()
+    assert json.loads((straight / "task.json").read_text())["overlap"] == {
+        k: 0 for k in json.loads((straight / "task.json").read_text())["overlap"]}
+
+    # Kill a second run (SIGKILL, no clean-up) once its comparison runs have checkpointed, then resume it.
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "hyflash.cli", "reopold-experiment", "--out", str(killed),
+                             "--scale", "tiny", "--no-progress"], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    marker = killed / "runs" / "reopold-seed0" / "checkpoint" / "state.json"
+    deadline = time.time() + 120
+    while not marker.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert marker.exists() and not (killed / "summary.json").exists(), "the run was not killed midway"
+    # A kill between a log append and the next checkpoint leaves logs ahead of it, the last line cut short:
+    # made certain here (the kill above lands wherever it lands), the resumed run must drop both.
+    step = json.loads(marker.read_text())["step"]
+    with (marker.parent.parent / "train.jsonl").open("a") as f:
+        f.write(json.dumps({"step": step + 1, "samples": 0, "entropy": 9.0}) + "\n" + '{"step": ')
+    assert main(["reopold-experiment", "--out", str(killed), "--scale", "tiny", "--no-progress"]) == 0
+    assert _strip(json.loads((killed / "summary.json").read_text())) == _strip(reference)
+    assert _train_logs(killed) == _train_logs(straight)
+    # A finished experiment reruns as a no-op, and another scale in the same folder is refused.
+    assert main(["reopold-experiment", "--out", str(killed), "--scale", "tiny", "--no-progress"]) == 0
+    assert main(["reopold-experiment", "--out", str(killed), "--scale", "cpu", "--no-progress"]) == 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_tiny_run_on_cuda(tmp_path):
+    from hyflash.cli import main
+
+    assert main(["reopold-experiment", "--out", str(tmp_path), "--scale", "tiny", "--device", "cuda",
+                 "--no-progress"]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["scale"]["device"] == "cuda" and summary["seeds_per_method"]["opd"] == [0, 1, 2]
