@@ -15,6 +15,7 @@ LEVERS = {
     "block16": "block 16 (gamma 7)",
     "survival": "prefix-survival slot weights",
     "vocab8k": "draft vocabulary 8,192",
+    "window256": "local window 256 instead of 64 (not an issue lever: chat answers copy from the prompt)",
 }
 
 

@@ -16,10 +16,11 @@ declare -A lever=(
   [block16]="--block-size 16 --gamma 7"
   [survival]="--slot-weights survival"
   [vocab8k]="--draft-vocab-size 8192"
+  [window256]="--window 256"
 )
 # LEVERS picks runs; kl is left out by default: it costs ~4x per step (a teacher pass every step, because
 # the feature cache cannot serve the target's logits), so at equal compute it sees a quarter of the data.
-for name in ${LEVERS:-base init-target depth2 block16 survival}; do
+for name in ${LEVERS:-base window256 init-target depth2 survival block16}; do
   dir=$out/$name
   if [ -f "$dir/drafter/model.safetensors" ] && grep -q '"eval"' "$dir/log.jsonl" 2>/dev/null; then
     echo "== $name: done"; continue
