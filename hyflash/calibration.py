@@ -125,7 +125,11 @@ def machine_key(model: str, dtype: str, target=None) -> dict:
     if getattr(target, "backend", "transformers") == "transformers":
         import transformers
 
-        key.update(backend="transformers", transformers=transformers.__version__)
+        from hyflash.targets.attention import NAME
+
+        # The attention a bf16 CPU target runs (see targets/attention.py): curves of the old kernel are stale.
+        attention = NAME if dtype in ("bfloat16", "float16") else "sdpa"
+        key.update(backend="transformers", transformers=transformers.__version__, attention=attention)
     else:
         key.update(target.calibration_identity())
     return key

@@ -125,7 +125,10 @@ class Target(BaseTarget):
     backend = "transformers"
 
     def __init__(self, model, tokenizer=None, feature_layers: tuple[int, ...] | None = None, name: str = ""):
+        from hyflash.targets.attention import use_for
+
         self.model = model.eval()
+        use_for(self.model)  # bf16 on CPU: few-query passes skip SDPA's slow bf16 kernel (see attention.py)
         self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "_name_or_path", "") or model.config.model_type
         text_config = model.config.get_text_config()
