@@ -7,6 +7,6 @@
 set -euo pipefail
 .venv/bin/hyflash train --data data/smollm2-135m/train-v2 data/smollm2-135m/long-v1 data/smollm2-135m/train-v3 \
   --feature-cache cache/features --init hyflash/assets/drafters/smollm2-135m --out "${OUT:-runs/drafter-v2}" \
-  --steps "${STEPS:-1200}" --batch-size 8 --anchors 64 --lr 1e-3 --warmup-steps 30 --gamma 4 --max-length 4096 \
-  --save-every 50 --log-every 10 --eval-at 1,100,300,700 --eval-prompts 12 --eval-new-tokens 96 --threads 2 \
+  --steps "${STEPS:-1000}" --batch-size 8 --anchors 64 --lr 1e-3 --warmup-steps 30 --gamma 4 --max-length 4096 \
+  --save-every 50 --log-every 10 --eval-at 1,100,300,600 --eval-prompts 12 --eval-new-tokens 96 --threads 2 \
   --no-progress "$@"
