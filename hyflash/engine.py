@@ -74,6 +74,7 @@ def prepare(model: str, dtype: str = "auto", backend: str = "transformers", draf
 
     with_drafter = drafter != "none"
     if backend == "transformers":
+        _refuse_bad_drafter_folder(drafter, model)
         choice = choose(model, dtype, with_drafter, calibrated=calibrated, log=log)
         return load_target(model, choice.dtype, backend), choice
     # Loaded first: it checks --dtype and the file, and calibration keys on the file and the target's settings.
@@ -82,6 +83,26 @@ def prepare(model: str, dtype: str = "auto", backend: str = "transformers", draf
     if calibrated and with_drafter:
         curve = cost_curves(model, [GGUF_DTYPE], log, backend, target, drafter)[GGUF_DTYPE]
     return target, DtypeChoice(target.precision, f"{backend} runs the GGUF's own quantisation", curve)
+
+
+def _refuse_bad_drafter_folder(spec: str, model: str) -> None:
+    """A missing or corrupt drafter folder, or one made for a model of another hidden size, fails before
+    anything is calibrated (a first calibration measures for ~20 s per dtype). The full check follows at load."""
+    if spec in (None, "none", "ngram", "default"):
+        return
+    from transformers import AutoConfig
+
+    from hyflash.drafters.loading import read_config
+    from hyflash.errors import HyflashError
+    from hyflash.targets import resolve_model_path
+
+    config = read_config(spec)
+    hidden = int(AutoConfig.from_pretrained(resolve_model_path(model)).get_text_config().hidden_size)
+    if config.target_hidden_size != hidden:
+        raise HyflashError(
+            f"the drafter in {spec} was built for {config.target_name or 'another target'} with hidden size "
+            f"{config.target_hidden_size}, but {model} has {hidden}: use it with the target it was built for, or "
+            f"create one for this target with `hyflash drafter new --model MODEL --out DIR` (or train one)")
 
 
 def load(model: str, dtype: str = "auto", drafter: str = "default", adaptive: bool = True, tree: int = 0,
