@@ -178,7 +178,11 @@ def test_checkpoint_and_exact_resume(models, tmp_path):
         assert torch.equal(a, b), name
     strip = lambda path: [{k: v for k, v in json.loads(l).items() if k != "seconds"}
                           for l in path.read_text().splitlines()]
-    assert strip(tmp_path / "a/reopold/train.jsonl") == strip(tmp_path / "b/reopold/train.jsonl")
+    # The weights above are bit-identical; logged statistics may differ in the last float bits (a mean over the
+    # rebuilt bf16 sampling copy can reduce in another order after a reload, seen after other test files ran).
+    for x, y in zip(strip(tmp_path / "a/reopold/train.jsonl"), strip(tmp_path / "b/reopold/train.jsonl"), strict=True):
+        assert x.keys() == y.keys() and x == pytest.approx(y, rel=1e-6, abs=1e-9), \
+            {k: (x.get(k), y.get(k)) for k in x.keys() | y.keys() if x.get(k) != y.get(k)}
     assert not (tmp_path / "b/reopold/checkpoint.tmp").exists()
 
 
