@@ -92,17 +92,14 @@ def _refuse_bad_drafter_folder(spec: str, model: str) -> None:
         return
     from transformers import AutoConfig
 
-    from hyflash.drafters.loading import read_config
-    from hyflash.errors import HyflashError
+    from hyflash.drafters.loading import read_config, target_mismatch
     from hyflash.targets import resolve_model_path
 
     config = read_config(spec)
     hidden = int(AutoConfig.from_pretrained(resolve_model_path(model)).get_text_config().hidden_size)
     if config.target_hidden_size != hidden:
-        raise HyflashError(
-            f"the drafter in {spec} was built for {config.target_name or 'another target'} with hidden size "
-            f"{config.target_hidden_size}, but {model} has {hidden}: use it with the target it was built for, or "
-            f"create one for this target with `hyflash drafter new --model MODEL --out DIR` (or train one)")
+        raise target_mismatch(config, "hidden size", config.target_hidden_size, hidden, model,
+                              where=f"the drafter in {spec}")
 
 
 def load(model: str, dtype: str = "auto", drafter: str = "default", adaptive: bool = True, tree: int = 0,

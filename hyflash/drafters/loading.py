@@ -85,11 +85,16 @@ def check_target(config: DrafterConfig, target, where="the drafter") -> None:
               "feature_layers": "feature layers"}
     for key, label in labels.items():
         if have[key] != want[key]:
-            raise HyflashError(
-                f"{where} was built for {config.target_name or 'another target'} with {label} {want[key]}, "
-                f"but {name} has {have[key]}: use it with the target it was built for, or create one for "
-                f"this target with `hyflash drafter new --model MODEL --out DIR` (or train one)"
-            )
+            raise target_mismatch(config, label, want[key], have[key], name, where)
+
+
+def target_mismatch(config: DrafterConfig, label: str, want, have, name: str, where="the drafter") -> HyflashError:
+    """The one-line error for a drafter built for a target that differs in `label`."""
+    return HyflashError(
+        f"{where} was built for {config.target_name or 'another target'} with {label} {want}, "
+        f"but {name} has {have}: use it with the target it was built for, or create one for "
+        f"this target with `hyflash drafter new --model MODEL --out DIR` (or train one)"
+    )
 
 
 def inference_dtype(target) -> torch.dtype:
