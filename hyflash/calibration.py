@@ -72,7 +72,7 @@ class CostCurve:
         return cls(**data)
 
 
-def _cpu_description() -> tuple[str, str]:
+def cpu_description() -> tuple[str, str]:
     """(CPU model name, sha256 of its flags): what makes a cost curve valid on another machine."""
     model, flags = "", ""
     try:
@@ -112,7 +112,7 @@ def physical_cores() -> int:
 def machine_key(model: str, dtype: str, target=None) -> dict:
     """What a cost curve is valid for. A transformers target needs nothing loaded (its key is versions only);
     a llama.cpp target adds its own identity (calibration_identity: library, file, settings)."""
-    cpu, flags = _cpu_description()
+    cpu, flags = cpu_description()
     key = {
         "cpu": cpu,
         "cpu_flags_sha256": flags,

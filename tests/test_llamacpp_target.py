@@ -128,6 +128,32 @@ def test_features_close_to_the_transformers_target(lcpp, smollm2_fp32):
 
 
 @pytest.mark.slow
+def test_training_features_from_llama_cpp(lcpp, smollm2_fp32, tmp_path):
+    """--feature-backend llama.cpp: a sequence's training features are llama.cpp's own (of the whole sequence,
+    cropped like its tokens, in the training dtype), filed under a cache key of their own (not the
+    transformers target's: same model name, other numbers) and read back unchanged."""
+    from hyflash.training.batches import make_batch
+    from hyflash.training.data import TokenDataset, write_dataset
+    from hyflash.training.features import FeatureCache, batch_features
+
+    seqs = [lcpp.encode_prompt(p) for p in PROMPTS]
+    write_dataset(tmp_path / "d", seqs, [4] * len(seqs), smollm2_fp32.signature(), name="smollm2-135m")
+    data = TokenDataset(tmp_path / "d")
+    batch = make_batch(data, [0, 2], num_anchors=4, block_size=4, max_length=16, seed=0, epoch=0)
+    cache = FeatureCache(tmp_path / "fc", lcpp, smollm2_fp32.dtype)
+    assert cache.folder != FeatureCache(tmp_path / "fc", smollm2_fp32).folder
+    computed, _ = batch_features(smollm2_fp32, batch, data, cache, source=lcpp)
+    assert all(cache.has(data.keys[i]) for i in (0, 2))
+    read, _ = batch_features(smollm2_fp32, batch, data, cache, source=lcpp)
+    torch.testing.assert_close(read, computed, atol=0, rtol=0)
+    for j, i in enumerate(batch.indices):
+        whole = lcpp.prefill(seqs[i]).features
+        start, n = batch.offsets[j], int(batch.lengths[j])
+        assert n == 16 < len(seqs[i])  # cropped: the features still see the whole sequence
+        torch.testing.assert_close(computed[j, :n], whole[start : start + n].to(computed.dtype), atol=0, rtol=0)
+
+
+@pytest.mark.slow
 def test_the_borrowed_embedding_and_head(lcpp, smollm2_fp32):
     head = lcpp.head_weight()
     assert head.shape == (49152, 576) and head.dtype == torch.float32

@@ -191,6 +191,12 @@ def test_slot_weights_exp_and_survival():
         TrainConfig(slot_weights="linear")
     with pytest.raises(HyflashError, match="exclude each other"):
         TrainConfig(init="runs/x/drafter", init_from_target=True)
+    with pytest.raises(HyflashError, match="use --loss ce with --feature-backend llama.cpp"):
+        TrainConfig(feature_backend="llama.cpp", loss="kl")
+    with pytest.raises(HyflashError, match="feature_backend must be"):
+        TrainConfig(feature_backend="onnx")
+    with pytest.raises(HyflashError, match="add --feature-backend llama.cpp"):
+        TrainConfig(feature_gguf="model.gguf")
 
 
 def test_new_settings_are_train_flags():

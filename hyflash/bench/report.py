@@ -219,7 +219,11 @@ def write_report(results: dict, out_dir: str | Path) -> list[Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [out_dir / "table.md"]
-    sections = ["## Summary", "", comparison_table(results), "## All metrics", "", markdown_table(results)]
+    machine = results.get("meta", {}).get("machine", {})
+    where = f"Machine: {machine.get('cpu_model', '?')}, {machine.get('torch_threads', '?')} threads. " if machine else ""
+    command = results.get("meta", {}).get("command", "")
+    sections = ["## Summary", "", where + (f"Command: `{command}`" if command else ""), "",
+                comparison_table(results), "## All metrics", "", markdown_table(results)]
     written[0].write_text("\n".join(sections) + "\n" + memory_table(results))
     for name, plot in PLOTS.items():
         plot(results, out_dir / name)

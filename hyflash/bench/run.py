@@ -34,6 +34,7 @@ from hyflash.bench.methods import (
     build_methods,
     drafter_identity,
 )
+from hyflash.calibration import cpu_description
 from hyflash.errors import HyflashError
 from hyflash.sampling import SamplingConfig
 
@@ -93,6 +94,7 @@ def machine_info() -> dict:
     return {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        "cpu_model": cpu_description()[0],  # lscpu's model name: results differ between CPUs
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.is_available(),

@@ -49,6 +49,9 @@ class TrainConfig:
     entropy_top_fraction: float = 1.0  # keep this fraction of draft tokens by drafter entropy (phase II)
     switch_step: int = 0  # steps of REOPOLD phase I (only tokens with reward >= floor count)
     onpolicy_objective: str = "reopold"  # reopold: sampled credit | acceptance: exact sum_v min(p, q) per slot
+    # ----- where the features come from -----
+    feature_backend: str = "transformers"  # transformers | llama.cpp: the backend the drafter will run on
+    feature_gguf: str = ""  # with llama.cpp: the .gguf whose features to train on ("" = the model's own file)
     # ----- bookkeeping -----
     feature_cache: str = ""  # folder to cache target features in; "" = compute them every step
     save_every: int = 50
@@ -79,6 +82,13 @@ class TrainConfig:
         need(self.onpolicy_temperature > 0, "onpolicy_temperature must be > 0")
         need(self.onpolicy_objective in ("reopold", "acceptance"),
              f"onpolicy_objective must be reopold or acceptance, got {self.onpolicy_objective!r}")
+        need(self.feature_backend in ("transformers", "llama.cpp"),
+             f"feature_backend must be transformers or llama.cpp, got {self.feature_backend!r}")
+        need(self.feature_backend == "transformers" or self.loss == "ce",
+             "--loss kl needs the target's logits at every slot, which training computes with the transformers "
+             "backend only: use --loss ce with --feature-backend llama.cpp")
+        need(not self.feature_gguf or self.feature_backend == "llama.cpp",
+             "--feature-gguf is a llama.cpp file: add --feature-backend llama.cpp")
         need(self.save_dtype in ("bfloat16", "float32", "float16"), f"unknown save_dtype {self.save_dtype!r}")
         try:
             steps = self.eval_steps()

@@ -91,6 +91,8 @@ class FeatureCache:
     def __init__(self, root: Path, target, dtype: torch.dtype | None = None):
         self.dtype = dtype
         ident = {"target": target.signature(), "name": str(target.name), "dtype": str(dtype or target.dtype)}
+        if getattr(target, "backend", "transformers") != "transformers":  # the same model, other numbers
+            ident["backend"] = {k: v for k, v in target.calibration_identity().items() if k != "threads"}
         key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
         self.folder = Path(root) / key
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -133,9 +135,12 @@ class FeatureCache:
 
 
 def batch_features(target, batch, dataset, cache: FeatureCache | None, want_logits: bool = False,
-                   vocab_ids: torch.Tensor | None = None):
+                   vocab_ids: torch.Tensor | None = None, source=None):
     """Features [b, T, nF, H] for a Batch (on the target's device) and, with want_logits, the target's logits
     at every block slot [b, A, S-1, V'] over vocab_ids (see `slot_positions`).
+
+    `source`: another backend's target that computes the features instead (a llama.cpp target: one prefill
+    per sequence, cast to the training target's dtype), for a drafter meant to run on that backend.
 
     Each sequence's features are those of its whole sequence, cropped like its tokens: read from the cache
     where present, else computed on the whole sequence (and then cached). Computing them on the cropped
@@ -150,7 +155,15 @@ def batch_features(target, batch, dataset, cache: FeatureCache | None, want_logi
             whole[j] = cache.get(dataset.keys[i], len(dataset.sequences[i]))
     missing = [j for j in range(b) if whole[j] is None]
     logits = None
-    if missing:
+    if missing and source is not None:
+        if want_logits:
+            raise HyflashError("target logits for training come from the transformers backend only")
+        for j in missing:
+            seq = torch.from_numpy(np.asarray(dataset[batch.indices[j]][0], dtype=np.int64))
+            whole[j] = source.prefill(seq, features=True).features.to(target.dtype)
+            if cache is not None and not cache.has(dataset.keys[batch.indices[j]]):
+                cache.put(dataset.keys[batch.indices[j]], whole[j])
+    elif missing:
         seqs = [torch.from_numpy(np.asarray(dataset[batch.indices[j]][0], dtype=np.int64)) for j in missing]
         full_lengths = torch.tensor([len(s) for s in seqs])
         tokens = torch.zeros(len(seqs), int(full_lengths.max()), dtype=torch.long)

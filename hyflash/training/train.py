@@ -119,6 +119,22 @@ def make_optimizer(params: list[torch.Tensor], config: TrainConfig):
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, config))
 
 
+def feature_source(config: TrainConfig, target, dataset: TokenDataset):
+    """The llama.cpp target whose features the drafter trains on (--feature-backend llama.cpp), or None (the
+    transformers target's own). Its context fits the longest sequence: features come from whole sequences."""
+    if config.feature_backend != "llama.cpp":
+        return None
+    from hyflash.targets.llamacpp import LlamaCppTarget
+
+    longest = max(len(s) for s in dataset.sequences)
+    source = LlamaCppTarget.load(config.feature_gguf or config.model, feature_layers=target.feature_layers,
+                                 n_ctx=longest + 1, n_threads=config.threads or None)
+    if source.signature() != target.signature():
+        raise HyflashError(f"{source.path} is not the model {config.model}: its shapes or feature layers differ "
+                           f"({source.signature()} vs {target.signature()})")
+    return source
+
+
 def _restore(checkpoints: Path, resume: bool, model, optimizer, scheduler, fingerprint: dict,
              verbose: bool) -> tuple[int, dict]:
     """(the step to start from, the checkpoint's extra state): the newest checkpoint's with --resume; refuse
@@ -202,9 +218,10 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True, targ
                                                       "drafter": model.config.to_dict(),
                                                       "trainable_params": model.param_count(),
                                                       "data": dataset.stats()})
+    source = feature_source(config, target, dataset)
     cache = None
-    if config.feature_cache:
-        cache = FeatureCache(Path(config.feature_cache), target)
+    if config.feature_cache:  # a llama.cpp source's features are filed under its own key, in the training dtype
+        cache = FeatureCache(Path(config.feature_cache), source or target, None if source is None else target.dtype)
     lengths = np.array([len(s) for s in dataset.sequences])
     batches_per_epoch = len(dataset) // config.batch_size
     if batches_per_epoch == 0:
@@ -227,7 +244,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True, targ
         batch = make_batch(dataset, indices, config.anchors, config.block_size, config.max_length, config.seed, epoch)
         device = target.device
         features, target_logits = batch_features(target, batch, dataset, cache, want_logits=config.loss == "kl",
-                                                 vocab_ids=model.draft_vocab_ids)
+                                                 vocab_ids=model.draft_vocab_ids, source=source)
         labels = to_draft_ids(batch.labels, model.draft_vocab_ids, target.vocab_size).to(device)
 
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.autocast):
