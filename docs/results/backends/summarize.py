@@ -22,7 +22,7 @@ def main(root: Path) -> None:
         if not path.exists():
             continue
         results = json.loads(path.read_text())
-        cpu = cpu or results["meta"]["machine"].get("cpu_model", results["meta"]["machine"]["processor"])
+        cpu = cpu or results["meta"]["machine"].get("cpu_model", "")  # older bench files lack it
         for run in results["runs"]:
             if run["method"] == "plain" or run["temperature"] != 0:
                 continue

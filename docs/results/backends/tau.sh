@@ -5,7 +5,7 @@
 # Run from the repository root under ../shared/bin/heavy; extra drafters: DRAFTERS="name=path ...".
 set -euo pipefail
 out=${BENCH_OUT:-docs/results/backends}
-drafters=(--drafter default=default)
+drafters=(--drafter default=hyflash/assets/drafters/smollm2-135m)  # a path: "default" names no drafter for a local .gguf
 for d in ${DRAFTERS:-}; do drafters+=(--drafter "$d"); done
 common=(--no-adaptive --sets chat,humaneval,code --n "${N:-6}" --max-new-tokens 64 --temperatures 0 --methods plain
         --trees 0 --memory-contexts '' --threads 2 "${drafters[@]}")

@@ -2,8 +2,8 @@
 
     ../shared/bin/heavy .venv/bin/python docs/results/llamacpp/batch_invariance.py [GGUF ...]
 
-For each file (default: the shipped SmolLM2 Q4_1, and cache/smollm2-135m-f16.gguf when present), flash
-attention on and off, and 90 / 300 / 600 / 1000 tokens of context (a slice of hyflash's own source): decode
+For each file (default: the shipped SmolLM2 Q4_1, and cache/smollm2-135m-f16.gguf when present), llama.cpp
+on 1 and 2 threads, flash attention on and off, and 90 / 300 / 600 / 1000 tokens of context (a slice of hyflash's own source): decode
 16 greedy tokens one pass per token, then roll back and score the same 16 tokens in blocks of q = 2, 8, 16.
 Reports the largest logit difference between the two and how many argmaxes flip. Writes
 batch_invariance.json and batch_invariance.md next to this file.
@@ -27,8 +27,8 @@ QS = (2, 8, 16)
 NEW = 16
 
 
-def measure(path: Path, flash_attn: bool) -> list[dict]:
-    target = LlamaCppTarget(path, n_threads=2, flash_attn=flash_attn)
+def measure(path: Path, threads: int, flash_attn: bool) -> list[dict]:
+    target = LlamaCppTarget(path, n_threads=threads, flash_attn=flash_attn)
     ids = target.tokenizer.encode((ROOT / "hyflash" / "decoding.py").read_text()[:6000])
     rows = []
     for ctx in CONTEXTS:
@@ -41,7 +41,7 @@ def measure(path: Path, flash_attn: bool) -> list[dict]:
             one_token.append(logits)
             nxt = int(logits.argmax())
         reference = torch.stack(one_token)
-        row = {"file": path.name, "flash_attn": flash_attn, "context": ctx}
+        row = {"file": path.name, "threads": threads, "flash_attn": flash_attn, "context": ctx}
         for q in QS:
             target.rollback(ctx)
             batched = torch.cat([target.score(torch.tensor(block[s : s + q]), features=True).logits
@@ -54,17 +54,17 @@ def measure(path: Path, flash_attn: bool) -> list[dict]:
 
 
 def main(paths: list[Path]) -> None:
-    rows = [r for p in paths for fa in (True, False) for r in measure(p, fa)]
+    rows = [r for p in paths for threads in (1, 2) for fa in (True, False) for r in measure(p, threads, fa)]
     cpu = cpu_description()[0]
     (HERE / "batch_invariance.json").write_text(json.dumps({"cpu": cpu, "rows": rows}, indent=1))
-    head = "| file | flash attn | context | " + " | ".join(f"q={q}: max Δlogit (flips)" for q in QS) + " |"
-    lines = [f"# Batch invariance of llama.cpp passes ({cpu}, 2 threads)", "",
+    head = "| file | threads | flash attn | context | " + " | ".join(f"q={q}: max Δlogit (flips)" for q in QS) + " |"
+    lines = [f"# Batch invariance of llama.cpp passes ({cpu})", "",
              "`docs/results/llamacpp/batch_invariance.py`: logits of 16 greedy tokens scored in q-token passes vs",
              "one-token passes (what plain decoding runs), after the same prefill. 0 = bit-identical.", "",
-             head, "|---|---|---:|" + "---:|" * len(QS)]
+             head, "|---|---:|---|---:|" + "---:|" * len(QS)]
     for r in rows:
         cells = " | ".join(f"{r[f'q{q}_max_diff']:.2g} ({r[f'q{q}_flips']})" for q in QS)
-        lines.append(f"| {r['file']} | {'on' if r['flash_attn'] else 'off'} | {r['context']} | {cells} |")
+        lines.append(f"| {r['file']} | {r['threads']} | {'on' if r['flash_attn'] else 'off'} | {r['context']} | {cells} |")
     (HERE / "batch_invariance.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
