@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from hyflash.errors import HyflashError
+
 
 @dataclass
 class Batch:
@@ -109,3 +111,58 @@ def to_draft_ids(labels: torch.Tensor, draft_vocab_ids: torch.Tensor | None, voc
     lookup = torch.full((vocab_size,), -1, dtype=torch.long)
     lookup[draft_vocab_ids.cpu()] = torch.arange(len(draft_vocab_ids))
     return torch.where(labels >= 0, lookup[labels.clamp_min(0)], -1)
+
+
+def training_batches(dataset, steps: int, batch_size: int, num_anchors: int, block_size: int, max_length: int,
+                     seed: int):
+    """(step, epoch, Batch) for every step of a one-process run, in order: the same global batches and anchors
+    `hyflash train` draws (epoch `step // batches_per_epoch`, that epoch's `epoch_order`, `make_batch`)."""
+    per_epoch = len(dataset) // batch_size
+    if per_epoch == 0:
+        raise HyflashError(f"{len(dataset)} sequences are fewer than one batch of {batch_size}")
+    lengths = np.array([len(dataset[i][0]) for i in range(len(dataset))])
+    order, order_epoch = None, -1
+    for step in range(steps):
+        epoch, position = divmod(step, per_epoch)
+        if epoch != order_epoch:
+            order, order_epoch = epoch_order(len(dataset), lengths, batch_size, seed, epoch), epoch
+        indices = [int(i) for i in order[position]]
+        yield step, epoch, make_batch(dataset, indices, num_anchors, block_size, max_length, seed, epoch)
+
+
+def anchor_context_stats(dataset, steps: int, batch_size: int, num_anchors: int, block_size: int, max_length: int,
+                         seed: int, window: int, chunk_size: int, thresholds=(256, 1024, 2048)) -> dict:
+    """How much context the training anchors of a run have: a block at anchor a (in the cropped sequence) reads
+    the a tokens before it, so its context exceeds the window when a > window, and a memory drafter (hyflash)
+    has folded tokens into its recurrent state when its memory start for a tokens is > 0 (a >= window +
+    chunk_size). Counts the valid anchors of every step (`training_batches`); padded repeats are left out."""
+    from hyflash.drafters.config import DrafterConfig
+
+    rule = DrafterConfig(kind="hyflash", window=window, chunk_size=chunk_size)
+    contexts, long_source, padded = [], [], 0
+    for _, _, batch in training_batches(dataset, steps, batch_size, num_anchors, block_size, max_length, seed):
+        valid = batch.labels[:, :, 0] >= 0  # a valid anchor always has its slot-1 label (a <= length - 2)
+        whole = batch.lengths + torch.tensor(batch.offsets)  # uncropped sequence lengths
+        contexts.append(batch.anchors[valid])
+        long_source.append((whole[:, None] >= 2048).expand_as(valid)[valid])
+        padded += int((~valid).sum())
+    context = torch.cat(contexts).numpy()
+    if len(context) == 0:
+        raise HyflashError("no valid training anchors: the sequences have no target-written positions")
+    values, inverse = np.unique(context, return_inverse=True)
+    in_memory = np.array([rule.memory_start(int(a)) > 0 for a in values])[inverse]
+
+    def share(mask) -> float:
+        return round(float(np.mean(mask)), 4)
+
+    return {
+        "anchors": int(len(context)),
+        "padded_anchor_slots": padded,
+        "share_context_exceeds_window": share(context > window),
+        "share_memory_in_use": share(in_memory),
+        "share_context_over": {str(t): share(context > t) for t in thresholds},
+        "share_from_sequences_2k": share(torch.cat(long_source).numpy()),
+        "context_mean": round(float(context.mean()), 1),
+        "context_median": float(np.median(context)),
+        "context_max": int(context.max()),
+    }
