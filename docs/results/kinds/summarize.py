@@ -1,0 +1,338 @@
+"""Summary, claims table, plot and memory-rule table of the kinds grid (scripts/kinds_grid.sh, issue 17).
+
+usage: python docs/results/kinds/summarize.py BENCH [--out DIR]
+
+BENCH is a `hyflash bench` folder (or its results.json) whose trained drafters are named
+KIND-dDEPTH-sSEED (e.g. hyflash-d1-s0, full-d2-s1) and KIND-dDEPTH-rule-RULE (e.g. hyflash-d1-rule-delta);
+other methods (plain, ngram, drafters named otherwise, tree variants NAME@tN) are not used. Writes into DIR
+(default: the folder of results.json):
+
+  summary.json          {kind-depth: {set: {"tau_mean": m, "tau_seeds": [t0, t1, ...]}}}: greedy tau per prompt,
+                        averaged over the prompts of a set for each seed (tau_seeds, in seed order), then over
+                        seeds (tau_mean). Memory-rule runs are not in it.
+  claims.md             one row per claim with its verdict (the noise rule is stated in the file), then the
+                        hyflash - full gain per set and depth, and the memory-rule table
+  memory_rules.json     {rule: {"drafter": name, "sets": {set: tau}}}: hyflash-d1 seed 0 under each memory rule;
+                        the default rule's row is the seed-0 grid run itself unless a -rule- run of it exists
+  memory_rules.md       that table
+  tau_vs_context_by_kind.png   greedy tau against prompt length per kind-depth, seed range as error bars
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # run from a checkout without installing
+
+from hyflash.drafters.config import KINDS, MEMORY_RULES  # noqa: E402
+from hyflash.errors import HyflashError  # noqa: E402
+
+SEED_NAME = re.compile(rf"^(?P<kind>{'|'.join(KINDS)})-d(?P<depth>[1-9][0-9]*)-s(?P<seed>[0-9]+)$")
+RULE_NAME = re.compile(rf"^(?P<kind>{'|'.join(KINDS)})-d(?P<depth>[1-9][0-9]*)-rule-(?P<rule>{'|'.join(MEMORY_RULES)})$")
+DEFAULT_RULE = "gated_delta"  # DrafterConfig.memory_rule's default: what every seed run of the grid uses
+SHORT, LONG = "code", "long-8k"  # claim (c): the gain at the longest context against 1k-token code
+PLOT = "tau_vs_context_by_kind.png"
+
+NOISE_RULE = (
+    "Each cell (kind-depth, set) has one greedy τ per seed (the mean over that set's prompts) and its seed "
+    "spread = max − min over the seeds. A claim's statistic is a difference of seed means; its noise is the "
+    "largest seed spread among the cells the statistic is built from. Verdict: **supported** if the "
+    "statistic > noise, **refuted** if it is < −noise, **within noise** otherwise; a claim whose cells do not "
+    "all have ≥ 2 seeds is **not enough seeds**, one with a missing cell **not measured**."
+)
+
+
+# ----- reading ---------------------------------------------------------------------------------------------
+def load_results(path: str | Path) -> tuple[dict, Path]:
+    path = Path(path)
+    file = path / "results.json" if path.is_dir() else path
+    try:
+        results = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise HyflashError(f"{file} does not exist: give a `hyflash bench` folder or its results.json") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:  # unreadable, or cut short by a killed bench
+        raise HyflashError(f"{file} cannot be read as JSON ({exc}): rerun the bench") from exc
+    if not isinstance(results, dict) or not isinstance(results.get("runs"), list):
+        raise HyflashError(f"{file} is not a `hyflash bench` results.json (no list of runs)")
+    return results, file.parent
+
+
+def _check_identity(name: str, kind: str, depth: int, rule: str | None, drafters: dict) -> None:
+    """The name must say what the drafter is: its recorded config (meta.drafters) is checked when present."""
+    config = (drafters.get(name) or {}).get("config")
+    if not config:
+        return
+    said = f"{kind}, depth {depth}" + (f", rule {rule}" if rule else "")
+    was = f"{config.get('kind')}, depth {config.get('num_layers')}" + (f", rule {config.get('memory_rule')}" if rule else "")
+    if said != was:
+        raise HyflashError(f"drafter {name!r} is named as ({said}) but its folder holds ({was}): fix the --drafter name")
+
+
+def greedy_taus(results: dict) -> tuple[dict, dict, list[str], list[str]]:
+    """(seeds, rules, sets, notes): seeds[kind-depth][seed][set] and rules[rule][set] = mean greedy tau over
+    that set's prompts (per-prompt tau, NaN prompts left out); sets in bench order."""
+    drafters = results.get("meta", {}).get("drafters") or {}
+    per_prompt: dict[str, dict[str, list[float]]] = {}
+    sets: list[str] = []
+    for r in results["runs"]:
+        try:
+            if float(r["temperature"]) != 0.0:
+                continue
+            method, set_name, tau = r["method"], r["set"], float(r["tau"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise HyflashError(f"a run record in results.json lacks a usable field ({exc}): rerun the bench") from exc
+        if set_name not in sets:
+            sets.append(set_name)
+        if math.isfinite(tau):
+            per_prompt.setdefault(method, {}).setdefault(set_name, []).append(tau)
+    seeds: dict[str, dict[int, dict[str, float]]] = {}
+    rules: dict[str, dict] = {}
+    notes = []
+    unused = sorted(m for m in per_prompt if not SEED_NAME.match(m) and not RULE_NAME.match(m) and m != "plain")
+    if unused:
+        notes.append(f"not used (not named KIND-dN-sS or KIND-dN-rule-RULE): {', '.join(unused)}")
+    for method, by_set in per_prompt.items():
+        means = {s: sum(v) / len(v) for s, v in by_set.items()}
+        if m := SEED_NAME.match(method):
+            kind, depth, seed = m["kind"], int(m["depth"]), int(m["seed"])
+            _check_identity(method, kind, depth, None, drafters)
+            seeds.setdefault(f"{kind}-d{depth}", {})[seed] = means
+        elif m := RULE_NAME.match(method):
+            if (m["kind"], m["depth"]) != ("hyflash", "1"):
+                notes.append(f"{method}: memory-rule runs are compared for hyflash-d1 only; left out")
+                continue
+            _check_identity(method, m["kind"], int(m["depth"]), m["rule"], drafters)
+            rules[m["rule"]] = {"drafter": method, "sets": means}
+    if DEFAULT_RULE not in rules and 0 in seeds.get("hyflash-d1", {}):
+        config = (drafters.get("hyflash-d1-s0") or {}).get("config") or {}
+        if config.get("memory_rule", DEFAULT_RULE) == DEFAULT_RULE:
+            rules[DEFAULT_RULE] = {"drafter": "hyflash-d1-s0", "sets": seeds["hyflash-d1"][0]}
+    for name, error in (results.get("errors") or {}).items():
+        notes.append(f"method {name} did not run: {error}")
+    return seeds, rules, sets, notes
+
+
+def summary(seeds: dict, sets: list[str]) -> dict:
+    """{kind-depth: {set: {"tau_mean", "tau_seeds"}}}, kind-depths in kind then depth order."""
+    def order(key: str) -> tuple:
+        kind, depth = key.rsplit("-d", 1)
+        return KINDS.index(kind), int(depth)
+
+    out = {}
+    for key in sorted(seeds, key=order):
+        cells = {}
+        for s in sets:
+            values = [seeds[key][seed][s] for seed in sorted(seeds[key]) if s in seeds[key][seed]]
+            if values:
+                cells[s] = {"tau_mean": round(sum(values) / len(values), 4), "tau_seeds": [round(v, 4) for v in values]}
+        if cells:
+            out[key] = cells
+    return out
+
+
+# ----- claims ----------------------------------------------------------------------------------------------
+def _spread(cell: dict) -> float:
+    return max(cell["tau_seeds"]) - min(cell["tau_seeds"])
+
+
+def verdict(statistic: float, cells: list[dict | None]) -> tuple[str, float | None]:
+    """(verdict, noise) for a statistic built from these summary cells (None = missing)."""
+    if any(c is None for c in cells):
+        return "not measured", None
+    noise = max(_spread(c) for c in cells)
+    if any(len(c["tau_seeds"]) < 2 for c in cells):
+        return "not enough seeds", noise
+    if statistic > noise:
+        return "supported", noise
+    if statistic < -noise:
+        return "refuted", noise
+    return "within noise", noise
+
+
+def _gain(table: dict, depth: int, set_name: str) -> tuple[float | None, list]:
+    h = table.get(f"hyflash-d{depth}", {}).get(set_name)
+    f = table.get(f"full-d{depth}", {}).get(set_name)
+    return (h["tau_mean"] - f["tau_mean"] if h and f else None), [h, f]
+
+
+def _mean_gain(table: dict, depth: int, sets: list[str]) -> tuple[float | None, list]:
+    gains, cells = [], []
+    for s in sets:
+        g, c = _gain(table, depth, s)
+        cells += c
+        if g is not None:
+            gains.append(g)
+    return (sum(gains) / len(gains) if gains and len(gains) == len(sets) else None), cells
+
+
+def claims(table: dict, sets: list[str]) -> list[dict]:
+    """Rows (a), (b), (c): claim, statistic, noise, verdict, and what the statistic is."""
+    rows = []
+    a, cells_a = _mean_gain(table, 1, sets)
+    rows.append({"claim": "(a) hyflash has a higher greedy τ than full at equal parameters (depth 1)",
+                 "statistic": a, "cells": cells_a,
+                 "what": f"mean over the {len(sets)} sets of τ(hyflash-d1) − τ(full-d1)"})
+    g1, cells_1 = _mean_gain(table, 1, sets)
+    g2, cells_2 = _mean_gain(table, 2, sets)
+    rows.append({"claim": "(b) the gain of hyflash over full is larger for shallow (d1) than deep (d2) drafters",
+                 "statistic": None if g1 is None or g2 is None else g1 - g2, "cells": cells_1 + cells_2,
+                 "what": "gain(d1) − gain(d2), gain = mean over sets of τ(hyflash) − τ(full)"})
+    long_gain, cells_long = _gain(table, 1, LONG)
+    short_gain, cells_short = _gain(table, 1, SHORT)
+    rows.append({"claim": f"(c) the gain is larger at long context ({LONG}) than at {SHORT} (depth 1)",
+                 "statistic": None if long_gain is None or short_gain is None else long_gain - short_gain,
+                 "cells": cells_long + cells_short,
+                 "what": f"[τ(hyflash-d1) − τ(full-d1)] on {LONG} − the same on {SHORT}"})
+    for row in rows:
+        cells = row.pop("cells")
+        if row["statistic"] is None:
+            row["verdict"], row["noise"] = "not measured", None
+        else:
+            row["verdict"], row["noise"] = verdict(row["statistic"], cells)
+    return rows
+
+
+def _num(x: float | None, sign: bool = False) -> str:
+    return "–" if x is None else (f"{x:+.3f}" if sign else f"{x:.3f}")
+
+
+def claims_markdown(results: dict, table: dict, rules: dict, sets: list[str], notes: list[str]) -> str:
+    rows = claims(table, sets)
+    params = results.get("drafter_params") or {}
+    lines = ["# Kinds grid: claims", "", f"Bench: `{results.get('meta', {}).get('command', '?')}`", "",
+             f"Noise rule: {NOISE_RULE}", "",
+             "| claim | statistic | value | noise (max seed spread) | verdict |", "|---|---|---:|---:|---|"]
+    for r in rows:
+        lines.append(f"| {r['claim']} | {r['what']} | {_num(r['statistic'], True)} | {_num(r['noise'])} | "
+                     f"**{r['verdict']}** |")
+    if params:
+        counted = {k: v for k, v in params.items() if SEED_NAME.match(k) and k.endswith("-s0")}
+        if counted:
+            lines += ["", "Parameters (seed 0): " + ", ".join(f"{k[:-3]} {v:,}" for k, v in counted.items())]
+    lines += ["", "## Gain τ(hyflash) − τ(full) per set (greedy, mean of seeds; seed spreads in brackets)", "",
+              "| depth | " + " | ".join(sets) + " |", "|---|" + "---:|" * len(sets)]
+    for depth in (1, 2):
+        cells = []
+        for s in sets:
+            g, (h, f) = _gain(table, depth, s)
+            cells.append("–" if g is None else f"{g:+.3f} [{_spread(h):.3f}, {_spread(f):.3f}]")
+        lines.append(f"| d{depth} | " + " | ".join(cells) + " |")
+    lines += ["", "## Greedy τ per kind-depth (mean of seeds, seed range)", "",
+              "| kind-depth | seeds | " + " | ".join(sets) + " |", "|---|---:|" + "---:|" * len(sets)]
+    for key, cells in table.items():
+        n = max(len(c["tau_seeds"]) for c in cells.values())
+        row = [f"{cells[s]['tau_mean']:.3f} ({min(cells[s]['tau_seeds']):.2f}–{max(cells[s]['tau_seeds']):.2f})"
+               if s in cells else "–" for s in sets]
+        lines.append(f"| {key} | {n} | " + " | ".join(row) + " |")
+    lines += ["", memory_rules_markdown(rules, table, sets)]
+    if notes:
+        lines += ["", "Notes:", *[f"- {n}" for n in notes]]
+    return "\n".join(lines) + "\n"
+
+
+# ----- memory rules and plot ---------------------------------------------------------------------------------
+def memory_rules_markdown(rules: dict, table: dict, sets: list[str]) -> str:
+    lines = ["## Memory rules (hyflash-d1, seed 0, greedy τ)", ""]
+    if not rules:
+        return "\n".join(lines + ["No memory-rule runs in this bench."])
+    lines += ["| rule | drafter | " + " | ".join(sets) + " | mean | vs " + DEFAULT_RULE + " |",
+              "|---|---|" + "---:|" * (len(sets) + 2)]
+    base = rules.get(DEFAULT_RULE)
+    base_mean = _set_mean(base["sets"], sets) if base else None
+    for rule in MEMORY_RULES:
+        if rule not in rules:
+            continue
+        r = rules[rule]
+        mean = _set_mean(r["sets"], sets)
+        diff = None if base_mean is None or mean is None else mean - base_mean
+        lines.append(f"| {rule} | {r['drafter']} | " + " | ".join(_num(r["sets"].get(s)) for s in sets)
+                     + f" | {_num(mean)} | {_num(diff, True)} |")
+    cells = table.get("hyflash-d1", {})
+    if cells:
+        lines.append("| *noise: hyflash-d1 seed spread* | | " + " | ".join(
+            _num(_spread(cells[s])) if s in cells else "–" for s in sets) + " | | |")
+    return "\n".join(lines)
+
+
+def _set_mean(values: dict, sets: list[str]) -> float | None:
+    return sum(values[s] for s in sets) / len(sets) if sets and all(s in values for s in sets) else None
+
+
+def context_lengths(results: dict) -> dict[str, float]:
+    """Mean prompt length of each set (what the drafters actually saw), from the greedy runs."""
+    lengths: dict[str, list[int]] = {}
+    for r in results["runs"]:
+        if float(r.get("temperature", 0)) == 0 and "prompt_tokens" in r:
+            lengths.setdefault(r["set"], []).append(int(r["prompt_tokens"]))
+    return {s: sum(v) / len(v) for s, v in lengths.items()}
+
+
+def plot(results: dict, table: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = context_lengths(results)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key, cells in table.items():
+        sets = sorted((s for s in cells if s in lengths), key=lengths.get)
+        x = [lengths[s] for s in sets]
+        y = [cells[s]["tau_mean"] for s in sets]
+        low = [cells[s]["tau_mean"] - min(cells[s]["tau_seeds"]) for s in sets]
+        high = [max(cells[s]["tau_seeds"]) - cells[s]["tau_mean"] for s in sets]
+        kind, depth = key.rsplit("-d", 1)
+        ax.errorbar(x, y, yerr=[low, high], fmt="o-" if depth == "1" else "s--", capsize=3, label=key,
+                    color=f"C{KINDS.index(kind)}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("prompt length (tokens, mean of the set)")
+    ax.set_ylabel("greedy τ (mean of seeds; bars: seed range)")
+    ax.set_title("τ against context length per kind and depth")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_all(bench: str | Path, out: str | Path | None = None) -> list[Path]:
+    results, folder = load_results(bench)
+    out = Path(out) if out else folder
+    seeds, rules, sets, notes = greedy_taus(results)
+    table = summary(seeds, sets)
+    if not table:
+        raise HyflashError(f"no greedy runs of drafters named KIND-dN-sS in {folder / 'results.json'}: nothing to "
+                           "summarise (was the bench run with --temperatures 0 and the grid's drafter names?)")
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "summary.json", out / "claims.md", out / "memory_rules.json", out / "memory_rules.md", out / PLOT]
+    written[0].write_text(json.dumps(table, indent=1) + "\n")
+    written[1].write_text(claims_markdown(results, table, rules, sets, notes))
+    written[2].write_text(json.dumps({r: rules[r] for r in MEMORY_RULES if r in rules}, indent=1) + "\n")
+    written[3].write_text(memory_rules_markdown(rules, table, sets) + "\n")
+    plot(results, table, written[4])
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("bench", help="a `hyflash bench` folder or its results.json")
+    p.add_argument("--out", help="folder for the outputs (default: the bench folder)")
+    args = p.parse_args(argv)
+    try:
+        written = write_all(args.bench, args.out)
+    except HyflashError as exc:
+        print(f"summarize: error: {exc}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(path)
+    print((Path(written[1])).read_text().split("\n## ")[0])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
