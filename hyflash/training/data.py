@@ -152,7 +152,8 @@ def generate_batch(
     for i, p in enumerate(prompts):
         ids[i, width - len(p) :] = torch.tensor(p)
         mask[i, width - len(p) :] = 1
-    torch.manual_seed(seed)  # sampled batches are reproducible given the seed
+    ids, mask = ids.to(target.device), mask.to(target.device)
+    torch.manual_seed(seed)  # sampled batches are reproducible given the seed (per device)
     extra = dict(temperature=config.temperature, top_p=config.top_p, top_k=0) if sampled else {}
     recorder = FeatureRecorder(target) if with_features else None
     with recorder or nullcontext():
@@ -179,7 +180,7 @@ def generate_batch(
     for i, (p, r) in enumerate(zip(prompts, results)):
         n = len(p) + len(r)
         f = feats[i, width - len(p) : width - len(p) + n - 1]
-        per_row.append(torch.cat([f, f.new_zeros(1, *f.shape[1:])]).clone())
+        per_row.append(torch.cat([f, f.new_zeros(1, *f.shape[1:])]).cpu())  # cat copies: rows own their memory
     return results, per_row
 
 
@@ -266,6 +267,8 @@ def build_dataset(
         from hyflash.targets import Target
 
         target = Target.load(config.model, dtype=config.dtype)
+        if torch.cuda.is_available():  # as `hyflash train`: a GPU generates when there is one
+            target.model.to("cuda")
     manifest["target"] = {"name": config.model, **target.signature()}
     n_shards = (len(prompts) + config.shard_prompts - 1) // config.shard_prompts
 
