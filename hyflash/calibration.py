@@ -240,7 +240,7 @@ def calibrate(model: str, dtype: str, drafter_spec: str | None = "default", cont
     if drafter is not None:
         draft_ms, ingest_ms = measure_drafter(target, drafter, contexts[0])
     curve = CostCurve(model, target.precision, [int(c) for c in contexts], pass_ms, draft_ms, ingest_ms, key)
-    from hyflash.training.data import atomic_write_json
+    from hyflash.files import atomic_write_json
 
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, {"version": FORMAT_VERSION, "curve": curve.to_dict()})

@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 def main(argv: list[str] | None = None) -> int:
     from hyflash.errors import HyflashError
     from hyflash.training.batches import anchor_context_stats
-    from hyflash.training.data import TokenDataset, atomic_write_json
+    from hyflash.files import atomic_write_json
+    from hyflash.training.data import TokenDataset
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", nargs="+", required=True, help="data folders, as given to `hyflash train`")

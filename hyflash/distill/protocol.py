@@ -35,7 +35,7 @@ from hyflash.distill.reach import smooth
 from hyflash.distill.scales import Scale
 from hyflash.distill.trainer import DistillConfig
 from hyflash.errors import HyflashError
-from hyflash.training.data import atomic_write_json
+from hyflash.files import atomic_write_json
 
 TEACHER_SEED, PROBE_SEED = 3000, 2000  # seeds of the teacher's fine-tune and the warm-ups (not run seeds)
 

@@ -16,7 +16,7 @@ from hyflash.distill.experiment import run_finished, plot_runs, read_jsonl
 from hyflash.distill.reach import ReachConfig, compare, smooth
 from hyflash.distill.scales import Scale
 from hyflash.errors import HyflashError
-from hyflash.training.data import atomic_write_json
+from hyflash.files import atomic_write_json
 
 BAR = {"teacher_accuracy": 0.8, "start_accuracy": 0.3, "seeds": 3, "eval_size": 500, "samples_per_run": 2000}
 

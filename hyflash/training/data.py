@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ import numpy as np
 import torch
 
 from hyflash.errors import HyflashError
+from hyflash.files import atomic_write_bytes, atomic_write_json
 from hyflash.training.prompts import PROMPT_KINDS, Prompt, build_prompts
 
 MANIFEST = "manifest.json"
@@ -85,19 +85,6 @@ class DataConfig:
 
 # Settings added after data folders were first written, with the values that reproduce those folders.
 _ADDED_SETTINGS = {"per_module": 4, "long_per_module": 1, "multiturn_every": 0, "prose_per_package": 0, "kinds": ""}
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def atomic_write_json(path: Path, obj) -> None:
-    _atomic_write_bytes(path, (json.dumps(obj, indent=1) + "\n").encode())
 
 
 def select_prompts(config: DataConfig) -> list[Prompt]:
@@ -302,7 +289,7 @@ def build_dataset(
             for i, f in enumerate(feats):
                 cache.put(f"{sha[:20]}-{i:05d}", f)
         name = f"shard-{s:05d}.safetensors"
-        _atomic_write_bytes(out / name, data)
+        atomic_write_bytes(out / name, data)
         generated = int(arrays["offsets"][-1] - arrays["gen_start"].sum())
         manifest["shards"] = [x for x in manifest["shards"] if x["index"] != s]
         manifest["shards"].append(
@@ -426,7 +413,7 @@ def write_dataset(out: Path, sequences: list[list[int]], gen_starts: list[int], 
         }
         data = save(arrays)
         file = f"shard-{s:05d}.safetensors"
-        _atomic_write_bytes(out / file, data)
+        atomic_write_bytes(out / file, data)
         manifest["shards"].append({"index": s, "file": file, "sequences": len(seqs), "tokens": int(arrays["offsets"][-1]),
                                    "generated": int(sum(len(x) - g for x, g in zip(seqs, arrays["gen_start"]))),
                                    "sha256": hashlib.sha256(data).hexdigest()})

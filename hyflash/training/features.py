@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from hyflash.errors import HyflashError
+from hyflash.files import atomic_write_json
 from hyflash.targets import FeatureRecorder  # noqa: F401 - re-exported: training code records with it
 
 
@@ -98,9 +99,7 @@ class FeatureCache:
         self.folder.mkdir(parents=True, exist_ok=True)
         info = self.folder / "cache.json"
         if not info.exists():
-            tmp = info.with_name(f".cache.json.{os.getpid()}")
-            tmp.write_text(json.dumps(ident, indent=1))
-            os.replace(tmp, info)
+            atomic_write_json(info, ident)
 
     def _path(self, key: str) -> Path:
         return self.folder / f"{key}.safetensors"

@@ -30,7 +30,8 @@ from hyflash.errors import HyflashError
 from hyflash.training import checkpoint as ckpt
 from hyflash.training.batches import draft_vocab_from_counts, epoch_order, make_batch, to_draft_ids
 from hyflash.training.config import TrainConfig
-from hyflash.training.data import TokenDataset, atomic_write_json
+from hyflash.files import atomic_write_json
+from hyflash.training.data import TokenDataset
 from hyflash.training.features import FeatureCache, batch_features
 from hyflash.training.losses import SlotWeights, expected_acceptance, slot_accuracy, slot_hits, weighted_ce, weighted_kl
 from hyflash.training.onpolicy import onpolicy_loss
