@@ -235,11 +235,12 @@ class LlamaCppTarget(BaseTarget):
         cparams.no_perf = True
         # Explicit, not llama.cpp's "auto": greedy text depends on it (FA rounds differently), and a plain
         # llama.cpp run compared with this one must use the same setting (llama_cpp.Llama defaults to off).
-        # On by default because it makes speculative decoding exact at one thread: with FA a q-token pass
-        # gives bit for bit the logits of q one-token passes (SmolLM2 Q4_1, any context); without it, passes
+        # On by default because it makes speculative decoding exact on SmolLM2 Q4_1 at one thread: with FA a
+        # q-token pass gives bit for bit the logits of q one-token passes (any context); without it, passes
         # of 8+ tokens differ by ~1-2% (argmax flips at q = 16). On 2+ threads a one-token FA pass beyond a
         # few hundred tokens of context splits the context across threads and rounds differently from a
-        # multi-token pass, so near-ties can flip (docs/results/llamacpp/batch_invariance.md). The price: with the eval callback, FA passes of 8-16 tokens cost 1.3-1.5x
+        # multi-token pass, and F16 files round differently at any thread count, so near-ties can flip
+        # (docs/results/llamacpp/batch_invariance.md). The price: with the eval callback, FA passes of 8-16 tokens cost 1.3-1.5x
         # more than without FA (docs/results/llamacpp/measure.md).
         cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
                                    else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
