@@ -91,10 +91,10 @@ def test_block_pass_equals_one_token_passes(lcpp):
 
 @pytest.mark.slow
 def test_at_one_thread_speculation_is_exact_at_long_context(lcpp):
-    """On the shipped Q4_1 at one llama.cpp thread (the suite's setting) a block pass is bit-identical to one-token passes at 600
-    tokens of context too, so speculative greedy text is exactly plain text. With 2+ threads llama.cpp's
-    one-token attention splits the context across threads and rounds differently from its multi-token pass
-    (docs/results/llamacpp/batch_invariance.md: up to ~0.9 logits on Q4_1 beyond ~300 tokens)."""
+    """On the shipped Q4_1 at one llama.cpp thread (the suite's setting) a block pass is bit-identical to
+    one-token passes at 600 tokens of context too, so speculative greedy text is exactly plain text. With 2+
+    threads llama.cpp's one-token attention splits the context across threads and rounds differently from
+    its multi-token pass (docs/results/llamacpp/batch_invariance.md: up to ~0.9 logits beyond ~300 tokens)."""
     from pathlib import Path
 
     import hyflash.decoding
