@@ -299,3 +299,22 @@ def test_tiny_run_on_cuda(tmp_path):
                  "--no-progress"]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["scale"]["device"] == "cuda" and summary["seeds_per_method"]["opd"] == [0, 1, 2]
+
+
+def test_a_raised_accuracy_target_continues_a_run_that_stopped_early(tmp_path):
+    """The teacher stopped at its old target (0.85 of validation) counts as unfinished once the target is
+    0.9; a run that reached the new target, or its last step, stays finished."""
+    import json
+
+    from hyflash.distill.experiment import run_finished
+
+    (tmp_path / "checkpoint").mkdir()
+    state = tmp_path / "checkpoint" / "state.json"
+    state.write_text(json.dumps({"step": 600, "samples_seen": 9600, "stopped_early": True}))
+    (tmp_path / "eval.jsonl").write_text(json.dumps({"step": 600, "accuracy": 0.859}) + "\n")
+    assert run_finished(tmp_path, 1200)  # no target given: stopped early is finished
+    assert run_finished(tmp_path, 1200, stop_at=0.85)
+    assert not run_finished(tmp_path, 1200, stop_at=0.9)
+    assert run_finished(tmp_path, 600, stop_at=0.9)  # its last step counts whatever the target
+    state.write_text(json.dumps({"step": 600, "samples_seen": 9600, "stopped_early": False}))
+    assert not run_finished(tmp_path, 1200, stop_at=0.85)

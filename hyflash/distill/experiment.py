@@ -212,13 +212,19 @@ def _mean_curve(runs: list[list[dict]]) -> list[dict]:
             for i in range(n)]
 
 
-def run_finished(folder: Path, steps: int) -> bool:
-    """Whether the run in `folder` checkpointed its last step (or stopped early at its accuracy target)."""
+def run_finished(folder: Path, steps: int, stop_at: float | None = None) -> bool:
+    """Whether the run in `folder` checkpointed its last step (or stopped early at its accuracy target; with
+    `stop_at`, only if its last evaluation reached that target: a raised target continues the run)."""
     state = folder / "checkpoint" / "state.json"
     if not state.exists():
         return False
     state = json.loads(state.read_text())
-    return state["step"] >= steps or bool(state.get("stopped_early"))
+    if state["step"] >= steps:
+        return True
+    if not state.get("stopped_early"):
+        return False
+    evals = read_jsonl(folder / "eval.jsonl")
+    return stop_at is None or bool(evals) and evals[-1]["accuracy"] >= stop_at
 
 
 def main(argv: list[str] | None = None) -> int:

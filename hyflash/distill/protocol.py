@@ -146,7 +146,7 @@ class Experiment:
         from hyflash.distill.trainer import Trainer
 
         folder = Path(config.out)
-        if not run_finished(folder, config.steps):
+        if not run_finished(folder, config.steps, config.stop_at_accuracy):
             teacher, tok = self.teacher() if config.sft_source != "ground-truth" else (None, None)
             trainer = Trainer(config, teacher=teacher, teacher_tokenizer=tok, resume=True)
             trainer.run(progress=self.progress)
@@ -191,8 +191,8 @@ class Experiment:
             eval_every=s.teacher_eval_every, checkpoint_every=s.teacher_checkpoint_every or s.teacher_eval_every,
             stop_at_accuracy=s.teacher_stop,
         )
+        # Its optimizer moments stay (~1 GB): a raised teacher_stop continues this fine-tune exactly.
         self._train(config, prune=False)
-        (self.teacher_model / "optimizer.safetensors").unlink(missing_ok=True)  # the teacher is done training
         path = self.out / "teacher_eval.json"
         if not path.exists():
             state = json.loads((self.teacher_model / "state.json").read_text())

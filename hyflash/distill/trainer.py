@@ -428,6 +428,11 @@ class Trainer:
         state = json.loads((folder / "state.json").read_text())
         self.step, self.samples_seen = int(state["step"]), int(state["samples_seen"])
         self.stopped_early = bool(state.get("stopped_early", False))
+        if self.stopped_early and self.config.stop_at_accuracy is not None:  # a raised target continues it
+            evals = [_parse_line(line) for line in (self.out / "eval.jsonl").read_text().splitlines()] \
+                if (self.out / "eval.jsonl").exists() else []
+            evals = [e for e in evals if e is not None and e["step"] <= self.step]
+            self.stopped_early = bool(evals) and evals[-1]["accuracy"] >= self.config.stop_at_accuracy
         if "optimizer" in state:
             from safetensors.torch import load_file
 
