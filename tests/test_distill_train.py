@@ -186,6 +186,20 @@ def test_checkpoint_and_exact_resume(models, tmp_path):
     assert not (tmp_path / "b/reopold/checkpoint.tmp").exists()
 
 
+def test_linear_lr_decay_is_a_function_of_the_step(models, tmp_path):
+    """lr_decay linear: step k (0-based) updates at lr * (1 - 0.9 k / steps), also after a resume with more
+    steps than the run started with (how the cpu REOPOLD teacher was continued)."""
+    kw = dict(steps=2, checkpoint_every=1, eval_every=10, lr_decay="linear")
+    first = _trainer(models, _config(tmp_path, "sft", sft_source="ground-truth", **kw))
+    first.run(progress=False)
+    assert first.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * (1 - 0.9 * 1 / 2))
+    more = _trainer(models, _config(tmp_path, "sft", sft_source="ground-truth", **dict(kw, steps=4)), resume=True)
+    more.run(progress=False)
+    assert more.step == 4 and more.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * (1 - 0.9 * 3 / 4))
+    with pytest.raises(HyflashError, match="lr-decay"):
+        _config(tmp_path, "sft", lr_decay="cosine")
+
+
 def test_full_distribution_methods_refuse_another_vocabulary(models, tmp_path):
     teacher, student, tok = models
     pair_tok = char_tokenizer(width=2)

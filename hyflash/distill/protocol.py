@@ -187,6 +187,7 @@ class Experiment:
         config = self._config(
             method="sft", sft_source="ground-truth", student=self.base_model, teacher=self.base_model,
             out=str(self.out / "teacher"), steps=s.teacher_steps, batch_size=s.teacher_batch, lr=s.teacher_lr,
+            lr_decay=s.teacher_lr_decay,
             train_pool=s.teacher_pool, seed=TEACHER_SEED, eval_split="val", eval_size=s.val_size,
             eval_every=s.teacher_eval_every, checkpoint_every=s.teacher_checkpoint_every or s.teacher_eval_every,
             stop_at_accuracy=s.teacher_stop,

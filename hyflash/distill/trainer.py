@@ -57,6 +57,8 @@ class DistillConfig:
     max_new_tokens: int = 24
     temperature: float = 1.0  # rollout temperature; != 1 makes the importance ratio differ from 1
     lr: float = 5e-5
+    lr_decay: str = "constant"  # constant | linear: from lr down to lr / 10 at the last step (a set function
+    # of the step, so a resumed run, or one whose steps were raised, follows it exactly from where it is)
     grad_clip: float = 1.0
     seed: int = 0
     task: str = "arithmetic"  # tasks.TASKS
@@ -98,7 +100,7 @@ class DistillConfig:
             if getattr(self, name) < 1:
                 raise HyflashError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         self.levels = tuple(self.levels)
-        choices = (("teacher_dtype", DTYPES), ("rollout_dtype", DTYPES), ("task", tasks.TASKS),
+        choices = (("lr_decay", ("constant", "linear")), ("teacher_dtype", DTYPES), ("rollout_dtype", DTYPES), ("task", tasks.TASKS),
                    ("sft_source", SFT_SOURCES), ("device", DEVICES), ("loss_normalization", losses.NORMALIZATIONS))
         for name, allowed in choices:
             if getattr(self, name) not in allowed:
@@ -311,6 +313,9 @@ class Trainer:
                     self.teacher, batch, full=c.method in FULL_DISTRIBUTION
                 )
         record = {"step": step + 1}
+        if c.lr_decay == "linear":
+            for group in self.optimizer.param_groups:
+                group["lr"] = c.lr * (1 - 0.9 * step / c.steps)
         self.student.train()
         for _ in range(c.updates_per_rollout if c.method == "reopold" else 1):
             logits = rollout.response_logits(self.student, batch.ids, batch.attention_mask, batch.prompt_len)
