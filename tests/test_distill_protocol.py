@@ -137,6 +137,10 @@ def test_probe_and_grid_choices():
     layers, rule = pick_layers({4: 0.05, 8: 0.22, 12: 0.41}, 0.3)
     assert layers == 8 and rule.startswith("deepest")  # the most capacity that still starts low
     assert pick_layers({4: 0.35, 8: 0.5}, 0.3)[0] == 4  # none starts low enough: the shallowest
+    # With a floor: the deepest that can learn (reached it) without starting too high.
+    assert pick_layers({4: 0.05, 8: 0.12, 12: 0.41}, 0.3, 0.08) == (8, "deepest student in [0.08, 0.3] after the warm-up")
+    layers, rule = pick_layers({4: 0.01, 8: 0.02}, 0.3, 0.08)
+    assert layers == 8 and rule.startswith("no candidate reached 0.08")
     assert grid_score([0.1, 0.2, 0.3, 0.4], 1) == pytest.approx(0.3)
     assert best_learning_rate({3e-5: 0.2, 1e-4: 0.4, 3e-4: 0.4}) == 1e-4  # ties: first in grid order
 

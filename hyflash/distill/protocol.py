@@ -40,12 +40,17 @@ from hyflash.files import atomic_write_json
 TEACHER_SEED, PROBE_SEED = 3000, 2000  # seeds of the teacher's fine-tune and the warm-ups (not run seeds)
 
 
-def pick_layers(final_accuracy: dict[int, float], max_start: float) -> tuple[int, str]:
-    """The deepest candidate whose warmed-up accuracy is at or below `max_start` (most capacity to learn
-    while starting low), else the shallowest one."""
-    fitting = [n for n, acc in final_accuracy.items() if acc <= max_start]
+def pick_layers(final_accuracy: dict[int, float], max_start: float, min_start: float = 0.0) -> tuple[int, str]:
+    """The deepest candidate whose warmed-up accuracy lies in [min_start, max_start] (most capacity to learn
+    while starting low, and past the floor that shows it can learn), else the deepest at or below max_start,
+    else the shallowest one."""
+    fitting = [n for n, acc in final_accuracy.items() if min_start <= acc <= max_start]
     if fitting:
-        return max(fitting), f"deepest student at or below {max_start} after the warm-up"
+        band = f"in [{min_start}, {max_start}]" if min_start else f"at or below {max_start}"
+        return max(fitting), f"deepest student {band} after the warm-up"
+    low = [n for n, acc in final_accuracy.items() if acc <= max_start]
+    if low:
+        return max(low), f"no candidate reached {min_start}: the deepest at or below {max_start}"
     return min(final_accuracy), f"no candidate at or below {max_start} after the warm-up: the shallowest"
 
 
@@ -224,24 +229,31 @@ class Experiment:
             return
         s = self.scale
         curves = {}
-        for n in s.probe_layers:
+        # With a floor (min_start), each warm-up stops once it reaches the floor, and the deepest candidate
+        # goes first: the first one that lands in [min_start, max_start] is the one pick_layers would keep.
+        order = sorted(s.probe_layers, reverse=True) if s.min_start else list(s.probe_layers)
+        every = s.warmup_eval_every or max(1, s.warmup_steps // 2)
+        for n in order:
             config = self._config(
                 method="sft", student=f"first-{n}:{self.teacher_model}", out=str(self.out / "probe" / f"layers-{n}"),
                 steps=s.warmup_steps, batch_size=s.warmup_batch, lr=s.warmup_lr, seed=PROBE_SEED, eval_split="val",
-                eval_size=s.val_size, eval_every=max(1, s.warmup_steps // 2), checkpoint_every=s.warmup_steps,
+                eval_size=s.val_size, eval_every=every, checkpoint_every=s.warmup_steps,
+                stop_at_accuracy=s.min_start or None,
             )
             curves[n] = [e["accuracy"] for e in self._train(config, prune=False)]
-        chosen, rule = pick_layers({n: c[-1] for n, c in curves.items()}, s.max_start)
+            if s.min_start and s.min_start <= curves[n][-1] <= s.max_start:
+                break
+        chosen, rule = pick_layers({n: c[-1] for n, c in curves.items()}, s.max_start, s.min_start)
         warm = self.out / "probe" / f"layers-{chosen}" / "checkpoint"
         start = self._evaluate(*self._load_rollout_copy(warm), "test", s.eval_size)
         atomic_write_json(self.out / "start_eval.json", dict(start, layers=chosen))
         atomic_write_json(path, {
             "candidates": {str(n): {"val_accuracy_during_warmup": c} for n, c in curves.items()},
             "warmup_steps": s.warmup_steps, "warmup_samples": s.warmup_steps * s.warmup_batch,
-            "max_start": s.max_start, "chosen_layers": chosen, "rule": rule,
+            "max_start": s.max_start, "min_start": s.min_start, "chosen_layers": chosen, "rule": rule,
             "warm_start": str(warm.relative_to(self.out)),  # relative: the folder may move
         })
-        for n in s.probe_layers:  # only the chosen warm start is used again (pruned after probe.json exists)
+        for n in curves:  # only the chosen warm start is used again (pruned after probe.json exists)
             if n != chosen and not self.keep_checkpoints:
                 shutil.rmtree(self.out / "probe" / f"layers-{n}" / "checkpoint", ignore_errors=True)
 
