@@ -109,7 +109,9 @@ SCALES = {
         # 40 warm-up steps, and REOPOLD's grid run then stayed at 0.01-0.02 over 1,024 samples: no headroom.
         probe_layers=(6, 10, 14), warmup_steps=400, warmup_batch=16, min_start=0.08, warmup_eval_every=20,
         pool=2048, batch_size=16, steps=128,
-        eval_every=16, lr_grid=(1e-4, 3e-4), grid_steps=64, run_checkpoint_every=32,
+        # lr 3e-5 too: from the 14-layer warm start REOPOLD at 1e-4 went 0.082 -> 0.066 and at 3e-4 collapsed to
+        # 0.01 of validation in 64 steps (the first grid runs), so the grid needs a smaller rate.
+        eval_every=16, lr_grid=(3e-5, 1e-4, 3e-4), grid_steps=64, run_checkpoint_every=32,
     ),
     "gpu": Scale(
         # Evaluations run as one batch of 1,024 (decoding a small model on an H200 is bound by kernel launches,
