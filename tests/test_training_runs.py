@@ -61,10 +61,11 @@ def _main(argv: list[str]) -> None:
     """Entry point of the training subprocesses: DATA OUT [--resume] [--pause]."""
     data, out = Path(argv[0]), Path(argv[1])
     torch.set_num_threads(1)
+    from hyflash.training import batches as batches_module
     from hyflash.training import train as train_module
 
     if "--pause" in argv:  # announce, then hang inside step PAUSE_AT (after checkpoints 3 and 6)
-        real = train_module.make_batch
+        real = batches_module.make_batch
         calls = [0]
 
         def make_batch(*args, **kwargs):
@@ -74,7 +75,7 @@ def _main(argv: list[str]) -> None:
                 time.sleep(600)
             return real(*args, **kwargs)
 
-        train_module.make_batch = make_batch
+        batches_module.make_batch = make_batch  # training_batches draws every step's batch through it
     train_module.train(_config(data, out), resume="--resume" in argv, progress=False, target=_tiny_target())
 
 

@@ -114,20 +114,25 @@ def to_draft_ids(labels: torch.Tensor, draft_vocab_ids: torch.Tensor | None, voc
 
 
 def training_batches(dataset, steps: int, batch_size: int, num_anchors: int, block_size: int, max_length: int,
-                     seed: int):
-    """(step, epoch, Batch) for every step of a one-process run, in order: the same global batches and anchors
-    `hyflash train` draws (epoch `step // batches_per_epoch`, that epoch's `epoch_order`, `make_batch`)."""
+                     seed: int, start: int = 0, rank: int = 0, world: int = 1):
+    """(step, epoch, Batch) for steps start .. steps-1, in order: the batches `hyflash train` trains on (epoch
+    `step // batches_per_epoch`, that epoch's `epoch_order`, `make_batch`); with `world` processes, process
+    `rank` gets every world-th sequence of each global batch. Checks the batch size now, not at the first step."""
     per_epoch = len(dataset) // batch_size
     if per_epoch == 0:
         raise HyflashError(f"{len(dataset)} sequences are fewer than one batch of {batch_size}")
-    lengths = np.array([len(dataset[i][0]) for i in range(len(dataset))])
-    order, order_epoch = None, -1
-    for step in range(steps):
-        epoch, position = divmod(step, per_epoch)
-        if epoch != order_epoch:
-            order, order_epoch = epoch_order(len(dataset), lengths, batch_size, seed, epoch), epoch
-        indices = [int(i) for i in order[position]]
-        yield step, epoch, make_batch(dataset, indices, num_anchors, block_size, max_length, seed, epoch)
+    lengths = np.array([len(s) for s in dataset.sequences])
+
+    def batches():
+        order, order_epoch = None, -1
+        for step in range(start, steps):
+            epoch, position = divmod(step, per_epoch)
+            if epoch != order_epoch:
+                order, order_epoch = epoch_order(len(dataset), lengths, batch_size, seed, epoch), epoch
+            indices = [int(i) for i in order[position]][rank::world]
+            yield step, epoch, make_batch(dataset, indices, num_anchors, block_size, max_length, seed, epoch)
+
+    return batches()
 
 
 def anchor_context_stats(dataset, steps: int, batch_size: int, num_anchors: int, block_size: int, max_length: int,

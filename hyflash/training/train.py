@@ -21,14 +21,13 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from hyflash.errors import HyflashError
 from hyflash.training import checkpoint as ckpt
-from hyflash.training.batches import draft_vocab_from_counts, epoch_order, make_batch, to_draft_ids
+from hyflash.training.batches import draft_vocab_from_counts, to_draft_ids, training_batches
 from hyflash.training.config import TrainConfig
 from hyflash.files import atomic_write_json
 from hyflash.training.data import TokenDataset
@@ -223,26 +222,18 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True, targ
     cache = None
     if config.feature_cache:  # a llama.cpp source's features are filed under its own key, in the training dtype
         cache = FeatureCache(Path(config.feature_cache), source or target, None if source is None else target.dtype)
-    lengths = np.array([len(s) for s in dataset.sequences])
-    batches_per_epoch = len(dataset) // config.batch_size
-    if batches_per_epoch == 0:
-        raise HyflashError(f"{len(dataset)} sequences are fewer than one batch of {config.batch_size}")
+    batches = training_batches(dataset, config.steps, config.batch_size, config.anchors, config.block_size,
+                               config.max_length, config.seed, start=start_step, rank=rank, world=world)
     eval_prompts = _heldout_prompts(target, config) if rank == 0 else []
     eval_steps = config.eval_steps()
 
     from tqdm import tqdm
 
     bar = tqdm(total=config.steps, initial=start_step, disable=not progress or rank != 0, desc="train", unit="step")
-    order, order_epoch = None, -1
     timer, tokens_seen = time.perf_counter(), 0
     onpolicy = config.onpolicy()
     drafter_dir = out / "drafter"
-    for step in range(start_step, config.steps):
-        epoch, position = divmod(step, batches_per_epoch)
-        if epoch != order_epoch:
-            order, order_epoch = epoch_order(len(dataset), lengths, config.batch_size, config.seed, epoch), epoch
-        indices = [int(i) for i in order[position]][rank::world]
-        batch = make_batch(dataset, indices, config.anchors, config.block_size, config.max_length, config.seed, epoch)
+    for step, epoch, batch in batches:
         device = target.device
         features, target_logits = batch_features(target, batch, dataset, cache, want_logits=config.loss == "kl",
                                                  vocab_ids=model.draft_vocab_ids, source=source)
