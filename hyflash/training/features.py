@@ -153,17 +153,14 @@ def batch_features(target, batch, dataset, cache: FeatureCache | None, want_logi
         for j, i in enumerate(batch.indices):
             whole[j] = cache.get(dataset.keys[i], len(dataset.sequences[i]))
     missing = [j for j in range(b) if whole[j] is None]
+    seqs = [torch.from_numpy(np.asarray(dataset[batch.indices[j]][0], dtype=np.int64)) for j in missing]
     logits = None
     if missing and source is not None:
         if want_logits:
             raise HyflashError("target logits for training come from the transformers backend only")
-        for j in missing:
-            seq = torch.from_numpy(np.asarray(dataset[batch.indices[j]][0], dtype=np.int64))
+        for j, seq in zip(missing, seqs):
             whole[j] = source.prefill(seq, features=True).features.to(target.dtype)
-            if cache is not None and not cache.has(dataset.keys[batch.indices[j]]):
-                cache.put(dataset.keys[batch.indices[j]], whole[j])
     elif missing:
-        seqs = [torch.from_numpy(np.asarray(dataset[batch.indices[j]][0], dtype=np.int64)) for j in missing]
         full_lengths = torch.tensor([len(s) for s in seqs])
         tokens = torch.zeros(len(seqs), int(full_lengths.max()), dtype=torch.long)
         for k, s in enumerate(seqs):
@@ -175,8 +172,10 @@ def batch_features(target, batch, dataset, cache: FeatureCache | None, want_logi
         feats, logits = teacher_features(target, tokens, full_lengths, positions, vocab_ids)
         for k, j in enumerate(missing):
             whole[j] = feats[k, : len(seqs[k])]
+    if cache is not None:
+        for j in missing:
             key = dataset.keys[batch.indices[j]]
-            if cache is not None and not cache.has(key):
+            if not cache.has(key):
                 cache.put(key, whole[j].to("cpu", copy=True))
     out = torch.zeros(b, T, *whole[0].shape[1:], dtype=whole[0].dtype, device=target.device)
     for j, w in enumerate(whole):
