@@ -21,7 +21,7 @@ import json
 import time
 from pathlib import Path
 
-from hyflash.distill.trainer import DistillConfig
+from hyflash.distill.trainer import DistillConfig, last_eval_reached
 
 COLORS = {"reopold": "tab:red", "opd": "tab:blue", "gkd": "tab:green", "skew-rkl": "tab:purple", "sft": "tab:gray"}
 
@@ -223,8 +223,7 @@ def run_finished(folder: Path, steps: int, stop_at: float | None = None) -> bool
         return True
     if not state.get("stopped_early"):
         return False
-    evals = read_jsonl(folder / "eval.jsonl")
-    return stop_at is None or bool(evals) and evals[-1]["accuracy"] >= stop_at
+    return stop_at is None or last_eval_reached(folder, state["step"], stop_at)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -100,8 +100,9 @@ class DistillConfig:
             if getattr(self, name) < 1:
                 raise HyflashError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         self.levels = tuple(self.levels)
-        choices = (("lr_decay", ("constant", "linear")), ("teacher_dtype", DTYPES), ("rollout_dtype", DTYPES), ("task", tasks.TASKS),
-                   ("sft_source", SFT_SOURCES), ("device", DEVICES), ("loss_normalization", losses.NORMALIZATIONS))
+        choices = (("lr_decay", ("constant", "linear")), ("teacher_dtype", DTYPES), ("rollout_dtype", DTYPES),
+                   ("task", tasks.TASKS), ("sft_source", SFT_SOURCES), ("device", DEVICES),
+                   ("loss_normalization", losses.NORMALIZATIONS))
         for name, allowed in choices:
             if getattr(self, name) not in allowed:
                 raise HyflashError(f"unknown {name.replace('_', '-')} {getattr(self, name)!r}: "
@@ -112,6 +113,15 @@ class DistillConfig:
     def credit(self) -> CreditConfig:
         floor = self.floor if self.floor is not None else floor_from_lambda(self.lam, self.floor_form)
         return CreditConfig(floor, self.entropy_top_fraction, self.switch_step)
+
+
+def last_eval_reached(folder: Path, step: int, target: float) -> bool:
+    """Whether the run's last evaluation at or before `step` (its eval.jsonl) reached accuracy `target`: a run
+    that stopped early at a lower target has not, and continues."""
+    path = folder / "eval.jsonl"
+    rows = [_parse_line(line) for line in path.read_text().splitlines()] if path.exists() else []
+    rows = [r for r in rows if r is not None and r["step"] <= step]
+    return bool(rows) and rows[-1]["accuracy"] >= target
 
 
 def _step_rng(seed: int, step: int, device: torch.device) -> tuple[random.Random, torch.Generator]:
@@ -434,10 +444,7 @@ class Trainer:
         self.step, self.samples_seen = int(state["step"]), int(state["samples_seen"])
         self.stopped_early = bool(state.get("stopped_early", False))
         if self.stopped_early and self.config.stop_at_accuracy is not None:  # a raised target continues it
-            evals = [_parse_line(line) for line in (self.out / "eval.jsonl").read_text().splitlines()] \
-                if (self.out / "eval.jsonl").exists() else []
-            evals = [e for e in evals if e is not None and e["step"] <= self.step]
-            self.stopped_early = bool(evals) and evals[-1]["accuracy"] >= self.config.stop_at_accuracy
+            self.stopped_early = last_eval_reached(self.out, self.step, self.config.stop_at_accuracy)
         if "optimizer" in state:
             from safetensors.torch import load_file
 
