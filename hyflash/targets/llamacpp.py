@@ -240,8 +240,8 @@ class LlamaCppTarget(BaseTarget):
         # of 8+ tokens differ by ~1-2% (argmax flips at q = 16). On 2+ threads a one-token FA pass beyond a
         # few hundred tokens of context splits the context across threads and rounds differently from a
         # multi-token pass, and F16 files round differently at any thread count, so near-ties can flip
-        # (docs/results/llamacpp/batch_invariance.md). The price: with the eval callback, FA passes of 8-16 tokens cost 1.3-1.5x
-        # more than without FA (docs/results/llamacpp/measure.md).
+        # (docs/results/llamacpp/batch_invariance.md). The price: with the eval callback, FA passes of 8-16
+        # tokens cost 1.3-1.5x more than without FA (docs/results/llamacpp/measure.md).
         cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
                                    else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         self.flash_attn = flash_attn
