@@ -12,6 +12,12 @@ import torch
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """In-process CLI tests (`main([...])`) set torch's threads to the machine's cores; later tests get 1 again."""
+    torch.set_num_threads(1)
+
+
 def _sharpen(model, scale: float = 10.0) -> None:
     """Random init gives near-uniform logits (and tied heads just repeat the last token). An untied, scaled
     head gives varied text with a top probability around 0.2-0.8: no near-ties, still worth sampling."""

@@ -29,10 +29,13 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def lcpp():
-    """The built-in SmolLM2 on llama.cpp, 1 thread like the rest of the suite (conftest)."""
+    """The built-in SmolLM2 on llama.cpp at 1 thread, explicitly: an in-process CLI test may have set torch's
+    thread count (which the backend defaults to) to the machine's cores, and exactness below needs 1."""
     if os.environ.get("HYFLASH_SKIP_REAL_MODEL"):
         pytest.skip("HYFLASH_SKIP_REAL_MODEL is set")
-    return load_target("smollm2-135m", "auto", "llama.cpp")
+    from hyflash.targets.llamacpp import LlamaCppTarget
+
+    return LlamaCppTarget.load("smollm2-135m", n_threads=1)
 
 
 def _llama_cpp_greedy(target, prompt_ids: list[int], n: int) -> list[int]:
