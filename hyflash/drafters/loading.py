@@ -111,7 +111,7 @@ def load_drafter_for_target(path, target, int8: bool | None = None):
     from hyflash.drafters.model import DrafterModel
     from hyflash.drafters.state import DrafterState
 
-    model = DrafterModel.from_pretrained(path, target, dtype=inference_dtype(target))
+    state = DrafterState(DrafterModel.from_pretrained(path, target, dtype=inference_dtype(target)))
     if int8 if int8 is not None else target.device.type == "cpu":
-        model.quantize_int8()
-    return DrafterState(model)
+        state.quantize_int8()
+    return state

@@ -14,6 +14,7 @@ import torch
 
 from hyflash.drafters import memory
 from hyflash.drafters.base import Draft, Drafter
+from hyflash.drafters.fast import FastDraft
 from hyflash.drafters.layers import rope
 from hyflash.drafters.model import DrafterModel
 from hyflash.sampling import SamplingConfig, logits_to_probs, sample
@@ -22,11 +23,21 @@ from hyflash.sampling import SamplingConfig, logits_to_probs, sample
 class DrafterState(Drafter):
     needs_features = True
 
-    def __init__(self, model: DrafterModel):
+    def __init__(self, model: DrafterModel, fast: bool = True):
+        """fast: draft with `FastDraft`, built now from the model's float weights (a snapshot: a model trained
+        further needs a new state); False (or a model already quantised) drafts with the general path."""
         self.model = model.eval()
         self.config = model.config
         self.block_size = model.config.block_size
+        self.fast = FastDraft(model).eval() if fast and model.int8_head is None else None
         self.reset()
+
+    def quantize_int8(self) -> "DrafterState":
+        """int8 weights for CPU inference (see `DrafterModel.quantize_int8`), in the model and the fast path."""
+        self.model.quantize_int8()
+        if self.fast is not None:
+            self.fast.quantize_int8()
+        return self
 
     def reset(self) -> None:
         cfg, p = self.config, self.model.norm.weight
@@ -90,6 +101,8 @@ class DrafterState(Drafter):
     @torch.inference_mode()
     def block_hidden(self, last_token: int) -> torch.Tensor:
         """Final hidden states [block_size - 1, H] of the block [last_token, MASK, ...] at position `length`."""
+        if self.fast is not None:
+            return self.fast.hidden(self, last_token)
         model, cfg = self.model, self.config
         device = model.norm.weight.device
         x = model.block_inputs(torch.tensor([[last_token]], device=device), self.last_feature.view(1, 1, -1))

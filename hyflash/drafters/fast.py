@@ -1,0 +1,146 @@
+"""The draft step with few operations: one block, batch 1, at inference only.
+
+Measured on the llama.cpp backend (docs/results/llamacpp/draft_cost.md): right after a target pass a draft
+costs 2-3x what back-to-back drafts cost, because the pass evicts the drafter from the caches, and the general
+`DrafterModel.blocks_forward` runs ~560 torch operations per draft (11 Linears, RoPE rebuilt per call, views of
+[B, A, S, ...] shapes). `FastDraft` computes the same function with the Linears that read one input stacked
+into one (q|k|v|memory gate, gate|up, anchor|context), RoPE tables cached, attention as one
+`scaled_dot_product_attention` over [window; block], and the memory read inline. `DrafterState` uses it for
+drafting; the general path stays the reference (tests/test_fast_draft.py holds the two equal).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hyflash.drafters import memory
+
+
+def stacked_linear(linears: list[nn.Linear]) -> nn.Linear:
+    """One Linear whose output is the concatenation of `linears`' outputs (same input)."""
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    biases = [lin.bias.detach() if lin.bias is not None else weight.new_zeros(lin.out_features) for lin in linears]
+    has_bias = any(lin.bias is not None for lin in linears)
+    out = nn.Linear(weight.shape[1], weight.shape[0], bias=has_bias).to(weight)
+    with torch.no_grad():
+        out.weight.copy_(weight)
+        if has_bias:
+            out.bias.copy_(torch.cat(biases))
+    return out.requires_grad_(False)
+
+
+class RopeTables:
+    """cos/sin rows per absolute position, computed as `layers.rope` does (float64 angles) and kept: a draft
+    then reads rows instead of rebuilding them. Grows by doubling."""
+
+    def __init__(self, head_dim: int, theta: float, dtype: torch.dtype, device: torch.device):
+        self.inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim)
+        self.dtype = dtype
+        self.cos = self.sin = torch.empty(0, head_dim, dtype=dtype, device=device)
+
+    def rows(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if end > len(self.cos):
+            n = max(end, 2 * len(self.cos), 256)
+            angles = torch.arange(n, dtype=torch.float64, device=self.inv_freq.device)[:, None] * self.inv_freq
+            self.cos = torch.cat([angles.cos(), angles.cos()], -1).to(self.dtype)
+            self.sin = torch.cat([angles.sin(), angles.sin()], -1).to(self.dtype)
+        return self.cos[start:end, None], self.sin[start:end, None]  # [L, 1, d]: broadcast over heads
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [L, heads, d] rotated with table rows [L, 1, d] (the same formula as `layers.rope`)."""
+    x1, x2 = x.chunk(2, -1)
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class FastLayer(nn.Module):
+    def __init__(self, layer):
+        super().__init__()
+        cfg = layer.config
+        self.heads, self.head_dim, self.eps = cfg.num_heads, cfg.head_dim, cfg.rms_eps
+        self.rule = cfg.memory_rule if cfg.has_memory else None
+        self.gated_read = layer.memory_out_gate is not None
+        parts = [layer.q_proj, layer.k_proj, layer.v_proj] + ([layer.memory_out_gate] if self.gated_read else [])
+        self.qkv = stacked_linear(parts)
+        self.o_proj = layer.o_proj
+        self.gate_up = stacked_linear([layer.mlp.gate, layer.mlp.up])
+        self.down = layer.mlp.down
+        self.norms = {name: getattr(layer, name).weight.detach() for name in ("attn_norm", "q_norm", "k_norm", "mlp_norm")}
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, state):
+        """x [S, H] at positions whose table rows are cos/sin [S, 1, d]; ctx_k (rotated) / ctx_v [heads, L, d];
+        state [heads, dk, dv] or None -> x [S, H]."""
+        S, h, d, n = x.shape[0], self.heads, self.head_dim, self.norms
+        hn = F.rms_norm(x, x.shape[-1:], n["attn_norm"], self.eps)
+        q, k, v, *gate = self.qkv(hn).split([h * d, h * d, h * d] + ([h] if self.gated_read else []), -1)
+        q = F.rms_norm(q.view(S, h, d), (d,), n["q_norm"], self.eps)
+        k = F.rms_norm(k.view(S, h, d), (d,), n["k_norm"], self.eps)
+        keys = torch.cat([ctx_k, apply_rope(k, cos, sin).transpose(0, 1)], 1)
+        values = torch.cat([ctx_v, v.view(S, h, d).transpose(0, 1)], 1)
+        q_rot = apply_rope(q, cos, sin).transpose(0, 1)  # [heads, S, d]
+        probs = (q_rot @ keys.transpose(-1, -2) * d**-0.5).to(torch.promote_types(x.dtype, torch.float32)).softmax(-1)
+        out = probs.to(values.dtype) @ values  # [heads, S, d]
+        if state is not None:
+            read = memory.read(state, q.transpose(0, 1), self.rule).to(out.dtype)
+            if self.gated_read:
+                read = read * torch.sigmoid(gate[0]).t()[..., None]
+            out = out + read
+        x = x + self.o_proj(out.transpose(0, 1).reshape(S, h * d))
+        g, u = self.gate_up(F.rms_norm(x, x.shape[-1:], n["mlp_norm"], self.eps)).chunk(2, -1)
+        return x + self.down(F.silu(g) * u)
+
+
+class FastDraft(nn.Module):
+    """`DrafterModel` for one block [last token, MASK, ...] of one sequence, from a snapshot of the float
+    model's weights (build it before `DrafterModel.quantize_int8`; `quantize_int8` here converts its own)."""
+
+    def __init__(self, model):
+        super().__init__()
+        cfg = model.config
+        self.model = [model]  # a list: not a submodule (its weights are not ours to convert twice)
+        self.block_size, self.eps = cfg.block_size, cfg.rms_eps
+        self.layers = nn.ModuleList(FastLayer(layer) for layer in model.layers)
+        self.slot_proj = None
+        if cfg.slot_inputs:  # [W_a | W_c] reads [emb; context]: one Linear for anchor_proj + context_proj
+            H = cfg.target_hidden_size
+            weight = torch.cat([model.anchor_proj.weight.detach(), model.context_proj.weight.detach()], 1)
+            self.slot_proj = nn.Linear(2 * H, H, bias=False).to(weight).requires_grad_(False)
+            self.slot_proj.weight.data.copy_(weight)
+        self.norm = model.norm.weight.detach()
+        self.mask_rows = model.mask_vector().detach().to(self.norm).expand(cfg.block_size - 1, -1).clone()
+        p = model.norm.weight
+        self.rope = RopeTables(cfg.head_dim, cfg.rope_theta, p.dtype, p.device)
+
+    def quantize_int8(self) -> "FastDraft":
+        """Dynamic int8 Linears, one scale per output row: the stacked Linears join rows of different scales."""
+        import warnings
+
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            quantize_dynamic(self, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
+        return self
+
+    def hidden(self, state, last_token: int) -> torch.Tensor:
+        """Final hidden states [block_size - 1, H] of the block at position `state.length` (as
+        `DrafterState.block_hidden` computes them with the general path)."""
+        S = self.block_size
+        emb = self.model[0].embed(torch.tensor([last_token], device=self.norm.device))  # [1, H]
+        x = torch.cat([emb, self.mask_rows])
+        if self.slot_proj is not None:
+            x = x + self.slot_proj(torch.cat([emb, state.last_feature.to(emb)[None]], -1))  # [1, H]
+        cos, sin = self.rope.rows(state.length, state.length + S)
+        live = state.length - state.start
+        rotate = state.config.window_capacity is not None  # full keeps keys rotated at ingest
+        if rotate:
+            ctx_cos, ctx_sin = self.rope.rows(state.start, state.length)
+        for i, layer in enumerate(self.layers):
+            ctx_k = state.keys[i][:live]
+            if rotate:
+                ctx_k = apply_rope(ctx_k, ctx_cos, ctx_sin)
+            memory_state = state.states[i] if state.states else None
+            x = layer(x, cos, sin, ctx_k.transpose(0, 1), state.values[i][:live].transpose(0, 1), memory_state)
+        return F.rms_norm(x[1:], x.shape[-1:], self.norm, self.eps)
