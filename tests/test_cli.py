@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from hyflash.cli import main
 
@@ -186,3 +187,33 @@ def test_drafter_info_default_real_model(capsys, smollm2_fp32):
     assert info["weight_bytes_detail"]["head_copy"] == head_copy
     assert info["weight_bytes"] == info["weight_bytes_detail"]["saved_tensors"] + head_copy
     assert info["draft_memory_bytes"]["64"] < info["weight_bytes"]
+
+
+def test_drafter_trim_keeps_the_most_frequent_ids_and_drafts_the_same_where_they_win(capsys, tmp_path, llama_target):
+    from hyflash.drafters.loading import load_drafter_for_target, read_config, read_weights
+    from hyflash.drafters.config import DrafterConfig
+    from hyflash.drafters.model import DrafterModel
+
+    model = DrafterModel(DrafterConfig.for_target(llama_target, draft_vocab_size=40), llama_target)
+    model.set_draft_vocab(torch.randperm(llama_target.vocab_size, generator=torch.Generator().manual_seed(0))[:40])
+    model.save_pretrained(tmp_path / "d")
+    assert main(["drafter", "trim", str(tmp_path / "d"), "--draft-vocab", "12", "--out", str(tmp_path / "t")]) == 0
+    assert read_config(tmp_path / "t").draft_vocab_size == 12
+    kept = read_weights(tmp_path / "t")["draft_vocab_ids"]
+    assert torch.equal(kept, model.draft_vocab_ids[:12])
+    full, trimmed = (load_drafter_for_target(tmp_path / name, llama_target, int8=False) for name in ("d", "t"))
+    g = torch.Generator().manual_seed(1)
+    features = torch.randn(20, len(llama_target.feature_layers), llama_target.hidden_size, generator=g)
+    tokens = torch.randint(0, llama_target.vocab_size, (20,), generator=g)
+    for state in (full, trimmed):
+        state.ingest(tokens, features)
+    logits_full = full.model.logits(full.block_hidden(3))
+    logits_trim = trimmed.model.logits(trimmed.block_hidden(3))
+    torch.testing.assert_close(logits_trim, logits_full[:, :12])  # the same rows of the same head
+    for name, size, wanted in ((tmp_path / "d", 40, "between 1 and 39"), (tmp_path / "d", 0, "between 1 and 39")):
+        assert wanted in _error_line(capsys, ["drafter", "trim", str(name), "--draft-vocab", str(size),
+                                              "--out", str(tmp_path / "x")])
+    DrafterModel(DrafterConfig.for_target(llama_target), llama_target).save_pretrained(tmp_path / "fullvocab")
+    err = _error_line(capsys, ["drafter", "trim", str(tmp_path / "fullvocab"), "--draft-vocab", "5",
+                               "--out", str(tmp_path / "x")])
+    assert "full vocabulary" in err and not (tmp_path / "x").exists()

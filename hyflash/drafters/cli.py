@@ -1,4 +1,4 @@
-"""`hyflash drafter new` and `hyflash drafter info`. Heavy imports happen inside the handlers."""
+"""`hyflash drafter new`, `info` and `trim`. Heavy imports happen inside the handlers."""
 
 from __future__ import annotations
 
@@ -39,6 +39,17 @@ def add_cli(subparsers) -> None:
     info.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="as for generate")
     info.add_argument("--json", action="store_true", help="print one JSON object")
     info.set_defaults(handler=cmd_info)
+
+    trim = sub.add_parser(
+        "trim", help="a copy of a trained drafter with a smaller draft vocabulary (its most frequent ids)",
+        description="Keeps the first N ids of the draft vocabulary: training orders them end-of-sequence first, "
+                    "then by frequency in the training data. A smaller head is cheaper to read per draft; tokens "
+                    "left out can no longer be drafted (output stays exactly the target's).")
+    trim.add_argument("path", metavar="DIR", help="a drafter folder, or `default` (the one shipped for --model)")
+    trim.add_argument("--draft-vocab", type=int, required=True, help="ids to keep")
+    trim.add_argument("--model", default=None, help="target whose shipped drafter `default` names")
+    trim.add_argument("--out", required=True, help="folder to write (replaced if it exists)")
+    trim.set_defaults(handler=cmd_trim)
 
 
 def cmd_new(args) -> int:
@@ -171,4 +182,30 @@ def cmd_info(args) -> int:
     print(f"  {'context':>9} {'bytes':>14} {'KiB':>10} {'draft ms':>9}")
     for n, m in memory.items():
         print(f"  {n:>9} {m['bytes']:>14,} {m['bytes'] / 1024:>10.1f} {m['draft_ms']:>9.1f}")
+    return 0
+
+
+def trim_draft_vocab(src, size: int, out):
+    """Write a copy of the drafter at `src` that keeps the first `size` ids of its draft vocabulary."""
+    import dataclasses
+
+    from hyflash.drafters.loading import read_config, read_weights, write_checkpoint
+
+    config = read_config(src)
+    current = config.draft_vocab_size
+    if current is None:
+        raise HyflashError(f"{src} drafts over the full vocabulary, which has no frequency order to trim by: "
+                           "train it with --draft-vocab-size instead")
+    if not 1 <= size < current:
+        raise HyflashError(f"--draft-vocab {size}: pass a size between 1 and {current - 1} "
+                           f"(the drafter at {src} has {current:,} ids)")
+    tensors = read_weights(src)
+    tensors["draft_vocab_ids"] = tensors["draft_vocab_ids"][:size].clone()
+    return write_checkpoint(out, dataclasses.replace(config, draft_vocab_size=size), tensors)
+
+
+def cmd_trim(args) -> int:
+    path, _ = resolve_info_path(args.path, args.model)
+    out = trim_draft_vocab(path, args.draft_vocab, args.out)
+    print(f"wrote {out}: the drafter at {path} with its {args.draft_vocab:,} most frequent draft ids")
     return 0

@@ -9,7 +9,8 @@ The shipped SmolLM2 Q4_1 GGUF with 300 tokens of context (hyflash's own source).
   costs what the loop does, the loop's extra is the pass evicting the drafter's weights, not threads);
 - with torch on 1 and on 2 threads;
 - with the drafting path as shipped (`FastDraft`: stacked Linears, cached RoPE, one attention product) and
-  with the general `DrafterModel` path (`DrafterState(model, fast=False)`), both int8;
+  with the general `DrafterModel` path (`DrafterState(model, fast=False)`), both int8, and the shipped path
+  with the draft vocabulary trimmed to 4,096 and 2,048 ids (`hyflash drafter trim`: a smaller head to read);
 - and the drafter's other per-step work, ingesting 3 verified tokens, right after a target pass.
 Writes draft_cost.json and draft_cost.md next to this file.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,6 +27,7 @@ import numpy as np
 import torch
 
 from hyflash.calibration import cpu_description
+from hyflash.drafters.cli import trim_draft_vocab
 from hyflash.drafters.loading import inference_dtype, load_drafter_for_target
 from hyflash.drafters.model import DrafterModel
 from hyflash.drafters.state import DrafterState
@@ -80,6 +83,10 @@ def main() -> None:
     folder = ROOT / "hyflash" / "assets" / "drafters" / "smollm2-135m"
     general = DrafterState(DrafterModel.from_pretrained(folder, target, dtype=inference_dtype(target)), fast=False)
     paths = {"fast (shipped)": load_drafter_for_target(folder, target), "general": general.quantize_int8()}
+    scratch = Path(tempfile.mkdtemp(prefix="draft-cost-"))
+    for size in (4096, 2048):
+        trimmed = trim_draft_vocab(folder, size, scratch / f"vocab-{size}")
+        paths[f"fast, draft vocabulary {size}"] = load_drafter_for_target(trimmed, target)
     ids = target.tokenizer.encode((ROOT / "hyflash" / "decoding.py").read_text()[:3000])[:300]
     out = target.prefill(torch.tensor(ids), features=True)
     for drafter in paths.values():
