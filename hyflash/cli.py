@@ -71,13 +71,16 @@ def add_backend_arg(p) -> None:
 
 
 def add_engine_args(p) -> None:
-    """--backend, --dtype, --no-adaptive and --tree, shared by generate, demo and bench."""
+    """--backend, --dtype, --no-adaptive, --keep-drafter and --tree, shared by generate, demo and bench."""
     add_backend_arg(p)
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
                    help="auto (default): the fastest on this machine, from its calibration (`hyflash calibrate`); "
                         "on llama.cpp only auto (the GGUF's own quantisation)")
     p.add_argument("--no-adaptive", dest="adaptive", action="store_false",
                    help="verify every draft in full instead of choosing the draft length from measured costs")
+    p.add_argument("--keep-drafter", action="store_true",
+                   help="never retire a trained drafter whose drafts do not pay (by default it sits out the rest "
+                        "of a generation after backing off in vain, and the target stops computing its features)")
     p.add_argument("--tree", type=tree_budget, default=0, metavar="N|auto",
                    help="verify a draft tree of up to N nodes in one pass (0 = a chain, the default; auto = the "
                         "best size up to 15 from the cost curve)")
@@ -119,7 +122,7 @@ def cmd_generate(args) -> int:
     from hyflash import engine
 
     target, drafter, policy, choice = engine.load(args.model, args.dtype, args.drafter, args.adaptive, args.tree,
-                                                  backend=args.backend)
+                                                  backend=args.backend, keep_drafter=args.keep_drafter)
     prompt_ids = target.encode_prompt(args.prompt, chat=False if args.no_chat else None)
 
     streamed: list[int] = []

@@ -122,6 +122,7 @@ def generate(
     generator = torch.Generator(device=device).manual_seed(seed)  # samples on the device the logits live on
     policy = policy or SpeculationPolicy()
     policy.start_run()
+    active = drafter  # what drafts now: the drafter, or what is left of it once its expensive part retires
     want_features = drafter is not None and drafter.needs_features
     # Never run past the model's context: the last committed token needs no target pass of its own.
     max_new_tokens = min(max_new_tokens, target.max_context - len(prompt))
@@ -144,9 +145,14 @@ def generate(
         position = target.cache_length  # where next_token sits
         t0 = time.perf_counter()
         plan = None  # a chain Draft, a DraftTree, or None (a plain step)
-        if drafter is not None and room > 0:
-            k_max = min(drafter.block_size - 1, room)
-            candidates = drafter.propose(next_token, k_max, sampling, generator, expensive=policy.wants_draft())
+        if active is drafter is not None and policy.retire_expensive:
+            # The expensive drafter did not pay this generation: its cheap part (if any) drafts on, and the
+            # target stops computing features nobody reads.
+            active = drafter.without_expensive()
+            want_features = active is not None and active.needs_features
+        if active is not None and room > 0:
+            k_max = min(active.block_size - 1, room)
+            candidates = active.propose(next_token, k_max, sampling, generator, expensive=policy.wants_draft())
             plan = policy.plan(candidates, position)
         t1 = time.perf_counter()
 
@@ -155,9 +161,9 @@ def generate(
         n_accepted = len(accepted)
         policy.observe(plan, n_accepted)
         t2 = time.perf_counter()
-        if drafter is not None:
+        if active is not None:
             verified_features = None if scored.features is None else scored.features[kept]
-            drafter.ingest(block[kept], verified_features)
+            active.ingest(block[kept], verified_features)
         t3 = time.perf_counter()
 
         new = accepted + [next_token]

@@ -16,7 +16,7 @@ from hyflash.sampling import SamplingConfig
 def run_demo(args) -> int:
     print(f"loading {args.model} on {args.backend} ...", flush=True)
     target, drafter, policy, choice = engine.load(args.model, args.dtype, args.drafter, args.adaptive, args.tree,
-                                                  backend=args.backend)
+                                                  backend=args.backend, keep_drafter=args.keep_drafter)
     print(f"dtype {choice.dtype} ({choice.reason}); draft length: "
           f"{'adaptive, from the measured cost curve' if args.adaptive else 'the whole block'}", flush=True)
     dtype = choice.dtype

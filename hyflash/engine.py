@@ -103,11 +103,12 @@ def _refuse_bad_drafter_folder(spec: str, model: str) -> None:
 
 
 def load(model: str, dtype: str = "auto", drafter: str = "default", adaptive: bool = True, tree: int = 0,
-         log: Callable[[str], None] = _stderr, backend: str = "transformers"):
+         log: Callable[[str], None] = _stderr, backend: str = "transformers",
+         keep_drafter: bool = False):
     """(target, drafter or None, policy, DtypeChoice) ready for `decoding.generate`."""
     from hyflash.cli import build_drafter
 
     target, choice = prepare(model, dtype, backend, drafter, calibrated=adaptive, log=log)
     built = build_drafter(drafter, target)
-    policy = SpeculationPolicy(choice.curve if adaptive else None, PolicyConfig(adaptive=adaptive, tree=tree))
+    policy = SpeculationPolicy(choice.curve if adaptive else None, PolicyConfig.for_run(adaptive, tree, keep_drafter))
     return target, built, policy, choice

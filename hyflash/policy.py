@@ -3,6 +3,9 @@
 The decoding loop asks three things and stays the same whatever the answers:
   wants_draft()         run the (expensive) drafter this step at all? After steps where nothing was worth
                         verifying, drafting backs off for 1, 2, 4 ... max_skip steps, then probes again
+  retire_expensive      has the expensive drafter gone unverified through retire_after probes at the longest
+                        back-off? Then it sits out the rest of the generation (the loop keeps its cheap
+                        part, e.g. a hybrid's n-gram lookup, and stops asking the target for features)
   plan(candidates, n)   among the drafts proposed (a trained drafter's, the n-gram lookup's), the draft and
                         length k in 0..len that maximise expected committed tokens per millisecond:
                             (1 + sum_{j<=k} prod_{i<=j} a_i) / c(k + 1)
@@ -34,8 +37,16 @@ class PolicyConfig:
     bins: int = 10  # confidence bins per draft source
     prior_strength: float = 4.0  # pseudo-observations behind a bin's prior (its own confidence value)
     max_skip: int = 8  # longest back-off of an expensive drafter, in steps
+    # Unpaid probes at the longest back-off before an expensive drafter sits out the rest of the generation
+    # (0 = never). Its ingest and the target's features cost every step even while it backs off.
+    retire_after: int = 2
     prior_acceptance: float = 0.6  # per-slot acceptance assumed by choose_dtype before anything is observed
     tree: int = 0  # draft tree node budget: 0 = a chain; -1 = the best budget up to 15 from the cost curve
+
+    @classmethod
+    def for_run(cls, adaptive: bool = True, tree: int = 0, keep_drafter: bool = False) -> "PolicyConfig":
+        """The command-line choices (--no-adaptive, --tree, --keep-drafter) as a config."""
+        return cls(adaptive=adaptive, tree=tree, **({"retire_after": 0} if keep_drafter else {}))
 
 
 class AcceptanceCalibrator:
@@ -82,7 +93,9 @@ class SpeculationPolicy:
 
     def __post_init__(self) -> None:
         self.calibrator = AcceptanceCalibrator(self.config.bins, self.config.prior_strength)
-        self.skip = self.skip_left = 0
+        self.skip = self.skip_left = self.misses_at_max = 0
+        self.retired_at: int | None = None  # verification step at which the expensive drafter retired
+        self.steps = 0
         self.sources: Counter = Counter()  # steps whose verified draft came from each source
         self.lengths: Counter = Counter()  # verified draft length k -> steps
 
@@ -90,7 +103,12 @@ class SpeculationPolicy:
         """A new generation: per-run statistics restart; what was learned about acceptance is kept."""
         self.sources.clear()
         self.lengths.clear()
-        self.skip = self.skip_left = 0
+        self.skip = self.skip_left = self.misses_at_max = self.steps = 0
+        self.retired_at = None
+
+    @property
+    def retire_expensive(self) -> bool:
+        return self.retired_at is not None
 
     def pass_cost(self, q: int, context: int) -> float:
         return 1.0 if self.curve is None else self.curve.cost(q, context)
@@ -167,8 +185,12 @@ class SpeculationPolicy:
         """Drafted at a cost: skip drafting for 1, 2, 4, ... steps (up to max_skip) while nothing it proposed
         was worth verifying; one draft that pays resets it."""
         if any(len(d.tokens) and d.expensive for d in candidates):
+            at_max = self.skip == self.config.max_skip
+            self.misses_at_max = 0 if paid else self.misses_at_max + int(at_max)
             self.skip = 0 if paid else min(max(1, 2 * self.skip), self.config.max_skip)
             self.skip_left = self.skip
+            if self.config.retire_after and self.misses_at_max >= self.config.retire_after and self.retired_at is None:
+                self.retired_at = self.steps
 
     def _take(self, draft: Draft, k: int) -> Draft:
         self.sources[draft.source] += 1
@@ -178,11 +200,13 @@ class SpeculationPolicy:
     def observe(self, draft, n_accepted: int) -> None:
         """Update the calibration (a tree counts as its source's chain reaching depth n_accepted: a slight
         over-estimate, since a tree's alternatives make each depth likelier to be reached)."""
+        self.steps += 1
         if draft is not None and len(draft.tokens):
             self.calibrator.update(draft.source, draft.confidence_or_default(), n_accepted)
 
     def stats(self) -> dict:
-        return {"draft_sources": dict(self.sources), "draft_lengths": {int(k): v for k, v in sorted(self.lengths.items())}}
+        return {"draft_sources": dict(self.sources), "draft_lengths": {int(k): v for k, v in sorted(self.lengths.items())},
+                "expensive_drafter_retired_at_step": self.retired_at}
 
 
 def expected_rate(curve: CostCurve, acceptance: float, block: int, with_drafter: bool, context: int = 256) -> tuple[float, int]:

@@ -168,6 +168,60 @@ def test_hybrid_reports_which_source_won(llama_target):
     assert sources.get("ngram", 0) > sources.get("drafter", 0), sources
 
 
+def test_an_expensive_drafter_that_never_pays_retires_for_the_rest_of_the_run():
+    policy = SpeculationPolicy(curve([10, 15, 17, 18]), PolicyConfig(max_skip=2, retire_after=2))
+    probes = 0
+    while not policy.retire_expensive:
+        if policy.wants_draft():
+            probes += 1
+            assert policy.plan([draft([0.3, 0.3])], 0) is None
+        policy.observe(None, 0)
+        assert probes < 10
+    assert probes == 4  # back-off 1, 2, then two unpaid probes at the longest back-off
+    assert policy.stats()["expensive_drafter_retired_at_step"] is not None
+    policy.start_run()
+    assert not policy.retire_expensive  # a new generation tries the drafter again
+    for _ in range(3):  # a paying draft in between resets the count
+        policy.misses_at_max = 1
+        assert policy.plan([draft([0.99, 0.99])], 0) is not None
+        assert policy.misses_at_max == 0 and not policy.retire_expensive
+    never = SpeculationPolicy(curve([10, 15, 17, 18]), PolicyConfig(max_skip=1, retire_after=0))
+    for _ in range(20):
+        never.plan([draft([0.3])], 0)
+    assert not never.retire_expensive
+
+
+class CostlyRandomDrafter(RandomDrafter):
+    """RandomDrafter whose drafts cost real time and say so, with a low confidence: nothing pays on a
+    steep curve, so the policy backs off and then retires it."""
+
+    def draft(self, last_token, num_tokens, sampling, generator) -> Draft:
+        d = super().draft(last_token, num_tokens, sampling, generator)
+        d.expensive, d.confidence = True, torch.full((len(d.tokens),), 0.3)
+        return d
+
+
+@pytest.mark.parametrize("hybrid", [True, False])
+def test_a_retired_drafter_stops_costing_features_and_output_stays_plain(llama_target, monkeypatch, hybrid):
+    prompt = list(range(3, 19))
+    plain = generate(llama_target, prompt, None, max_new_tokens=60)
+    asked = []
+    score = llama_target.score
+    monkeypatch.setattr(llama_target, "score", lambda block, features=False, **kw: (
+        asked.append(features), score(block, features=features, **kw))[1])
+    trained = CostlyRandomDrafter(llama_target.vocab_size, block_size=4)
+    drafter = HybridDrafter(trained, NgramDrafter(4)) if hybrid else trained
+    policy = SpeculationPolicy(curve([10, 20, 30, 40]), PolicyConfig(max_skip=2, retire_after=2))
+    out = generate(llama_target, prompt, drafter, max_new_tokens=60, policy=policy)
+    assert out.tokens == plain.tokens
+    retired = out.policy["expensive_drafter_retired_at_step"]
+    assert retired is not None and retired < 20
+    assert all(asked[: retired]) and not any(asked[retired + 1:])  # features only while the drafter runs
+    assert trained.seen < len(prompt) + len(out.tokens) - 1  # it stopped ingesting
+    if hybrid:
+        assert drafter.ngram.memory_bytes() > 0  # the n-gram lookup kept its history
+
+
 def test_verify_block_refuses_tensors_on_two_devices():
     p = torch.full((2, 4), 0.25)
     with pytest.raises(ValueError, match="several devices"):

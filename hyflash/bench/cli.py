@@ -80,7 +80,7 @@ def cmd_bench(args) -> int:
 
     config = BenchConfig(
         model=args.model, backend=args.backend, dtype=args.dtype, adaptive=args.adaptive,
-        trees=args.trees if args.trees else (args.tree,), sets=args.sets, n=args.n, max_new_tokens=args.max_new_tokens,
+        keep_drafter=args.keep_drafter, trees=args.trees if args.trees else (args.tree,), sets=args.sets, n=args.n, max_new_tokens=args.max_new_tokens,
         temperatures=args.temperatures, methods=args.methods, drafters=dict(parse_drafter(d) for d in args.drafter),
         pld_tokens=args.pld_tokens, ngram_block=args.ngram_block, seed=args.seed,
         memory_contexts=args.memory_contexts, sweep_kinds=args.sweep_kinds, sweep_depths=args.sweep_depths,

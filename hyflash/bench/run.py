@@ -47,6 +47,7 @@ class BenchConfig:
     backend: str = "transformers"  # what runs the target (our loop's methods); llama.cpp: the GGUF itself
     dtype: str = "auto"  # auto: the fastest for speculation on this machine (calibration); or bfloat16 / float32
     adaptive: bool = True  # draft length chosen per step from the cost curve (False: whole blocks)
+    keep_drafter: bool = False  # never retire a trained drafter that does not pay (policy.py)
     trees: tuple[int, ...] = (0,)  # tree budgets; each trained drafter runs once per budget ("NAME@tN")
     sets: tuple[str, ...] = tuple(SETS)
     n: int = 5  # prompts per set
@@ -189,7 +190,7 @@ def run_bench(
     curve = choice.curve if config.adaptive else None
 
     def make_policy(tree: int = 0):
-        return SpeculationPolicy(curve, PolicyConfig(adaptive=config.adaptive, tree=tree))
+        return SpeculationPolicy(curve, PolicyConfig.for_run(config.adaptive, tree, config.keep_drafter))
 
     methods = build_methods(config.methods, config.drafters, target, config.pld_tokens, config.ngram_block,
                             make_policy, config.trees)

@@ -9,6 +9,8 @@ Life of a drafter during one generation:
   propose(..., expensive)              the drafts to choose from this step (one, or one per source for a
                                        hybrid); expensive=False asks a costly drafter to sit the step out
   memory_bytes()                       draft-side memory held right now (caches, states, histories)
+  without_expensive()                  what keeps drafting once the costly part retires for the rest of the
+                                       generation (a hybrid's n-gram lookup; None for a network alone)
 """
 
 from __future__ import annotations
@@ -72,3 +74,7 @@ class Drafter(ABC):
         return [self.draft(last_token, num_tokens, sampling, generator)]
 
     is_expensive: bool = True  # runs a network per draft (the n-gram lookup does not)
+
+    def without_expensive(self) -> "Drafter | None":
+        """The part of this drafter that costs nothing per step, already up to date (None: nothing)."""
+        return None if self.is_expensive else self

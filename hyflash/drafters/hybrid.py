@@ -37,5 +37,8 @@ class HybridDrafter(Drafter):
         ngram = self.ngram.draft(last_token, num_tokens, sampling, generator)
         return self.trained.propose(last_token, num_tokens, sampling, generator, expensive) + [ngram]
 
+    def without_expensive(self) -> NgramDrafter:
+        return self.ngram  # it has seen every verified token
+
     def memory_bytes(self) -> int:
         return self.trained.memory_bytes() + self.ngram.memory_bytes()
