@@ -122,8 +122,9 @@ def generate(
     generator = torch.Generator(device=device).manual_seed(seed)  # samples on the device the logits live on
     policy = policy or SpeculationPolicy()
     policy.start_run()
-    active = drafter  # what drafts now: the drafter, or what is left of it once its expensive part retires
-    want_features = drafter is not None and drafter.needs_features
+    # What drafts: the drafter, or what is left of it while its expensive part is retired (policy.py).
+    active = drafter.without_expensive() if drafter is not None and policy.retire_expensive else drafter
+    want_features = active is not None and active.needs_features
     # Never run past the model's context: the last committed token needs no target pass of its own.
     max_new_tokens = min(max_new_tokens, target.max_context - len(prompt))
     result = GenerationResult(tokens=[], prompt_tokens=len(prompt))
@@ -133,7 +134,8 @@ def generate(
     next_token = int(sample(logits_to_probs(out.logits[-1], sampling), generator))
     if drafter is not None:
         drafter.reset()
-        drafter.ingest(prompt, out.features)
+    if active is not None:
+        active.ingest(prompt, out.features)
     result.prefill_time = time.perf_counter() - start
     committed = [next_token]
     if on_tokens:

@@ -5,7 +5,9 @@ The decoding loop asks three things and stays the same whatever the answers:
                         verifying, drafting backs off for 1, 2, 4 ... max_skip steps, then probes again
   retire_expensive      has the expensive drafter gone unverified through retire_after probes at the longest
                         back-off? Then it sits out the rest of the generation (the loop keeps its cheap
-                        part, e.g. a hybrid's n-gram lookup, and stops asking the target for features)
+                        part, e.g. a hybrid's n-gram lookup, and stops asking the target for features),
+                        and the next 1, 2, 4 ... max_rest_runs generations from their start, before one
+                        tries it again
   plan(candidates, n)   among the drafts proposed (a trained drafter's, the n-gram lookup's), the draft and
                         length k in 0..len that maximise expected committed tokens per millisecond:
                             (1 + sum_{j<=k} prod_{i<=j} a_i) / c(k + 1)
@@ -40,6 +42,7 @@ class PolicyConfig:
     # Unpaid probes at the longest back-off before an expensive drafter sits out the rest of the generation
     # (0 = never). Its ingest and the target's features cost every step even while it backs off.
     retire_after: int = 2
+    max_rest_runs: int = 8  # longest run of generations a retired drafter sits out before it is tried again
     prior_acceptance: float = 0.6  # per-slot acceptance assumed by choose_dtype before anything is observed
     tree: int = 0  # draft tree node budget: 0 = a chain; -1 = the best budget up to 15 from the cost curve
 
@@ -96,6 +99,7 @@ class SpeculationPolicy:
         self.skip = self.skip_left = self.misses_at_max = 0
         self.retired_at: int | None = None  # verification step at which the expensive drafter retired
         self.steps = 0
+        self.rest_runs = self.retired_runs = 0  # generations left to sit out; trial runs in a row that retired
         self.sources: Counter = Counter()  # steps whose verified draft came from each source
         self.lengths: Counter = Counter()  # verified draft length k -> steps
 
@@ -103,8 +107,15 @@ class SpeculationPolicy:
         """A new generation: per-run statistics restart; what was learned about acceptance is kept."""
         self.sources.clear()
         self.lengths.clear()
+        if self.steps and self.retired_at != 0:
+            # The last generation tried the drafter from its start: back off over generations if it retired.
+            self.retired_runs = self.retired_runs + 1 if self.retired_at is not None else 0
+            self.rest_runs = min(2 ** (self.retired_runs - 1), self.config.max_rest_runs) if self.retired_runs else 0
         self.skip = self.skip_left = self.misses_at_max = self.steps = 0
         self.retired_at = None
+        if self.rest_runs:  # this generation starts without the expensive drafter
+            self.rest_runs -= 1
+            self.retired_at = 0
 
     @property
     def retire_expensive(self) -> bool:
@@ -206,7 +217,7 @@ class SpeculationPolicy:
 
     def stats(self) -> dict:
         return {"draft_sources": dict(self.sources), "draft_lengths": {int(k): v for k, v in sorted(self.lengths.items())},
-                "expensive_drafter_retired_at_step": self.retired_at}
+                "expensive_drafter_retired_at_step": self.retired_at}  # 0: sat out the whole generation
 
 
 def expected_rate(curve: CostCurve, acceptance: float, block: int, with_drafter: bool, context: int = 256) -> tuple[float, int]:

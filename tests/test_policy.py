@@ -179,8 +179,7 @@ def test_an_expensive_drafter_that_never_pays_retires_for_the_rest_of_the_run():
         assert probes < 10
     assert probes == 4  # back-off 1, 2, then two unpaid probes at the longest back-off
     assert policy.stats()["expensive_drafter_retired_at_step"] is not None
-    policy.start_run()
-    assert not policy.retire_expensive  # a new generation tries the drafter again
+    policy = SpeculationPolicy(curve([10, 15, 17, 18]), PolicyConfig(max_skip=2, retire_after=2))
     for _ in range(3):  # a paying draft in between resets the count
         policy.misses_at_max = 1
         assert policy.plan([draft([0.99, 0.99])], 0) is not None
@@ -189,6 +188,32 @@ def test_an_expensive_drafter_that_never_pays_retires_for_the_rest_of_the_run():
     for _ in range(20):
         never.plan([draft([0.3])], 0)
     assert not never.retire_expensive
+
+
+def _generation(policy, pays: bool, steps: int = 40) -> str:
+    """One generation's worth of policy calls: 'rested' (retired from the start), 'retired' or 'kept'."""
+    policy.start_run()
+    if policy.retire_expensive:
+        policy.observe(None, 0)
+        return "rested"
+    for _ in range(steps):
+        if policy.retire_expensive:
+            return "retired"
+        if policy.wants_draft():
+            policy.plan([draft([0.99, 0.99] if pays else [0.3, 0.3])], 0)
+        policy.observe(None, 0)
+    return "kept"
+
+
+def test_a_retired_drafter_rests_for_doubling_runs_of_generations_then_is_tried_again():
+    policy = SpeculationPolicy(curve([10, 15, 17, 18]), PolicyConfig(max_skip=2, retire_after=2, max_rest_runs=2))
+    runs = [_generation(policy, pays=False) for _ in range(9)]
+    assert runs == ["retired", "rested", "retired", "rested", "rested", "retired", "rested", "rested", "retired"]
+    assert policy.stats()["expensive_drafter_retired_at_step"] > 0
+    runs = [_generation(policy, pays=True) for _ in range(4)]
+    assert runs == ["rested", "rested", "kept", "kept"]  # tried again, it pays: no more rests
+    assert _generation(policy, pays=False) == "retired" and _generation(policy, pays=False) == "rested"
+    assert _generation(policy, pays=False) == "retired"  # one rest again: the streak restarted
 
 
 class CostlyRandomDrafter(RandomDrafter):
@@ -218,8 +243,12 @@ def test_a_retired_drafter_stops_costing_features_and_output_stays_plain(llama_t
     assert retired is not None and retired < 20
     assert all(asked[: retired]) and not any(asked[retired + 1:])  # features only while the drafter runs
     assert trained.seen < len(prompt) + len(out.tokens) - 1  # it stopped ingesting
+    asked.clear()
+    again = generate(llama_target, prompt, drafter, max_new_tokens=60, policy=policy)
+    assert again.tokens == plain.tokens  # the next generation rests the drafter from the start:
+    assert again.policy["expensive_drafter_retired_at_step"] == 0 and not any(asked) and trained.seen == 0
     if hybrid:
-        assert drafter.ngram.memory_bytes() > 0  # the n-gram lookup kept its history
+        assert again.policy["draft_sources"].get("drafter", 0) == 0 and drafter.ngram.memory_bytes() > 0
 
 
 def test_verify_block_refuses_tensors_on_two_devices():
