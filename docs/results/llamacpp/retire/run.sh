@@ -8,5 +8,5 @@ out=${BENCH_OUT:-docs/results/llamacpp/retire}
 common=(--backend llama.cpp --sets chat,humaneval,code --n "${N:-6}" --max-new-tokens 128 --temperatures 0
         --methods plain,ngram,llamacpp-plain --trees 0 --memory-contexts '' --threads 2
         --drafter default --drafter v2=hyflash/assets/drafters/smollm2-135m)
-.venv/bin/hyflash bench "${common[@]}" --out "$out/retire"
-.venv/bin/hyflash bench "${common[@]}" --keep-drafter --out "$out/keep"
+[ -n "${ONLY_KEEP:-}" ] || .venv/bin/hyflash bench "${common[@]}" --out "$out/retire"
+[ -n "${ONLY_RETIRE:-}" ] || .venv/bin/hyflash bench "${common[@]}" --keep-drafter --out "$out/keep"
