@@ -42,6 +42,10 @@ class PolicyConfig:
     # Unpaid probes at the longest back-off before an expensive drafter sits out the rest of the generation
     # (0 = never). Its ingest and the target's features cost every step even while it backs off.
     retire_after: int = 2
+    # ...but only where an idle drafter costs: its measured ingest per token is at least this share of a
+    # one-token step (llama.cpp Q4_1 here: 2.9%; transformers fp32 0.5%, where retiring a drafter that
+    # pays later cost more than it saved: docs/results/retire-transformers/).
+    retire_min_idle_share: float = 0.015
     max_rest_runs: int = 8  # longest run of generations a retired drafter sits out before it is tried again
     prior_acceptance: float = 0.6  # per-slot acceptance assumed by choose_dtype before anything is observed
     tree: int = 0  # draft tree node budget: 0 = a chain; -1 = the best budget up to 15 from the cost curve
@@ -120,6 +124,12 @@ class SpeculationPolicy:
     @property
     def retire_expensive(self) -> bool:
         return self.retired_at is not None
+
+    def idle_drafter_share(self) -> float:
+        """What keeping a resting drafter costs per step, as a share of a one-token step (0 if unmeasured)."""
+        if self.curve is None or not self.curve.ingest_ms:
+            return 0.0
+        return self.curve.ingest_ms / self.curve.cost(1, self.curve.contexts[0])
 
     def pass_cost(self, q: int, context: int) -> float:
         return 1.0 if self.curve is None else self.curve.cost(q, context)
@@ -200,7 +210,8 @@ class SpeculationPolicy:
             self.misses_at_max = 0 if paid else self.misses_at_max + int(at_max)
             self.skip = 0 if paid else min(max(1, 2 * self.skip), self.config.max_skip)
             self.skip_left = self.skip
-            if self.config.retire_after and self.misses_at_max >= self.config.retire_after and self.retired_at is None:
+            if (self.config.retire_after and self.misses_at_max >= self.config.retire_after
+                    and self.retired_at is None and self.idle_drafter_share() >= self.config.retire_min_idle_share):
                 self.retired_at = self.steps
 
     def _take(self, draft: Draft, k: int) -> Draft:

@@ -20,9 +20,9 @@ from hyflash.policy import AcceptanceCalibrator, PolicyConfig, SpeculationPolicy
 from hyflash.sampling import SamplingConfig, verify_block
 
 
-def curve(costs, contexts=(0,), draft_ms=None, dtype="float32") -> CostCurve:
+def curve(costs, contexts=(0,), draft_ms=None, dtype="float32", ingest_ms=0.0) -> CostCurve:
     rows = [list(costs)] if not isinstance(costs[0], (list, tuple)) else [list(r) for r in costs]
-    return CostCurve("m", dtype, list(contexts), rows, draft_ms, 0.0, {"cpu": "test"})
+    return CostCurve("m", dtype, list(contexts), rows, draft_ms, ingest_ms, {"cpu": "test"})
 
 
 def draft(conf, source="drafter", expensive=True) -> Draft:
@@ -169,7 +169,7 @@ def test_hybrid_reports_which_source_won(llama_target):
 
 
 def test_an_expensive_drafter_that_never_pays_retires_for_the_rest_of_the_run():
-    policy = SpeculationPolicy(curve([10, 15, 17, 18]), PolicyConfig(max_skip=2, retire_after=2))
+    policy = SpeculationPolicy(curve([10, 15, 17, 18], ingest_ms=0.5), PolicyConfig(max_skip=2, retire_after=2))
     probes = 0
     while not policy.retire_expensive:
         if policy.wants_draft():
@@ -184,10 +184,12 @@ def test_an_expensive_drafter_that_never_pays_retires_for_the_rest_of_the_run():
         policy.misses_at_max = 1
         assert policy.plan([draft([0.99, 0.99])], 0) is not None
         assert policy.misses_at_max == 0 and not policy.retire_expensive
-    never = SpeculationPolicy(curve([10, 15, 17, 18]), PolicyConfig(max_skip=1, retire_after=0))
+    never = SpeculationPolicy(curve([10, 15, 17, 18], ingest_ms=0.5), PolicyConfig(max_skip=1, retire_after=0))
+    cheap_idle = SpeculationPolicy(curve([10, 15, 17, 18], ingest_ms=0.1), PolicyConfig(max_skip=1))  # 1% < 1.5%
     for _ in range(20):
         never.plan([draft([0.3])], 0)
-    assert not never.retire_expensive
+        cheap_idle.plan([draft([0.3])], 0)
+    assert not never.retire_expensive and not cheap_idle.retire_expensive
 
 
 def _generation(policy, pays: bool, steps: int = 40) -> str:
@@ -206,7 +208,8 @@ def _generation(policy, pays: bool, steps: int = 40) -> str:
 
 
 def test_a_retired_drafter_rests_for_doubling_runs_of_generations_then_is_tried_again():
-    policy = SpeculationPolicy(curve([10, 15, 17, 18]), PolicyConfig(max_skip=2, retire_after=2, max_rest_runs=2))
+    policy = SpeculationPolicy(curve([10, 15, 17, 18], ingest_ms=0.5),
+                               PolicyConfig(max_skip=2, retire_after=2, max_rest_runs=2))
     runs = [_generation(policy, pays=False) for _ in range(9)]
     assert runs == ["retired", "rested", "retired", "rested", "rested", "retired", "rested", "rested", "retired"]
     assert policy.stats()["expensive_drafter_retired_at_step"] > 0
@@ -236,7 +239,7 @@ def test_a_retired_drafter_stops_costing_features_and_output_stays_plain(llama_t
         asked.append(features), score(block, features=features, **kw))[1])
     trained = CostlyRandomDrafter(llama_target.vocab_size, block_size=4)
     drafter = HybridDrafter(trained, NgramDrafter(4)) if hybrid else trained
-    policy = SpeculationPolicy(curve([10, 20, 30, 40]), PolicyConfig(max_skip=2, retire_after=2))
+    policy = SpeculationPolicy(curve([10, 20, 30, 40], ingest_ms=0.5), PolicyConfig(max_skip=2, retire_after=2))
     out = generate(llama_target, prompt, drafter, max_new_tokens=60, policy=policy)
     assert out.tokens == plain.tokens
     retired = out.policy["expensive_drafter_retired_at_step"]
