@@ -49,6 +49,7 @@ class PromptRun:
     accepted_by_position: list[int] = field(default_factory=list)
     draft_memory_bytes: int = 0  # draft-side state at the end of generation
     draft_sources: dict = field(default_factory=dict)  # source -> passes that verified its draft (hybrid)
+    drafter_retired_at: int | None = None  # pass at which the policy retired the trained drafter (0: from the start)
     target_kv_bytes: int | None = None  # the target's own KV cache at the end (measured, for scale) ...
     target_kv_tokens: int | None = None  # ... holding this many tokens
     rss_bytes: int | None = None  # process RSS right after this run
@@ -137,6 +138,7 @@ class LoopMethod(Method):
             accepted_by_position=list(result.accepted_by_position),
             draft_memory_bytes=result.draft_memory_bytes,
             draft_sources=dict(result.policy.get("draft_sources", {})),
+            drafter_retired_at=result.policy.get("expensive_drafter_retired_at_step"),
             target_kv_bytes=target.kv_bytes() if self.measure_target_kv else None,
             target_kv_tokens=target.cache_length if self.measure_target_kv else None,
             rss_bytes=rss,
