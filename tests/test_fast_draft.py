@@ -28,6 +28,9 @@ def test_fast_hidden_equals_general_path_as_context_grows(llama3_target, kind, r
             _ingest_in_pieces(state, features[0], tokens[0], n, g)
         last = int(tokens[0, n - 1])
         torch.testing.assert_close(fast.block_hidden(last), general.block_hidden(last), atol=1e-10, rtol=1e-10)
+        # Both states hold the same window and memory (a fast path must not disturb ingest).
+        for held_fast, held_general in zip(fast.held_tensors(), general.held_tensors()):
+            torch.testing.assert_close(held_fast, held_general, atol=1e-10, rtol=1e-10)
 
 
 @pytest.mark.parametrize("overrides", [dict(slot_inputs=False), dict(mask_token_id=3), dict(num_layers=1, block_size=8)])

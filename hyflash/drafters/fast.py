@@ -1,12 +1,13 @@
 """The draft step with few operations: one block, batch 1, at inference only.
 
 Measured on the llama.cpp backend (docs/results/llamacpp/draft_cost.md): right after a target pass a draft
-costs 2-3x what back-to-back drafts cost, because the pass evicts the drafter from the caches, and the general
-`DrafterModel.blocks_forward` runs ~560 torch operations per draft (11 Linears, RoPE rebuilt per call, views of
-[B, A, S, ...] shapes). `FastDraft` computes the same function with the Linears that read one input stacked
-into one (q|k|v|memory gate, gate|up, anchor|context), RoPE tables cached, attention as one
-`scaled_dot_product_attention` over [window; block], and the memory read inline. `DrafterState` uses it for
-drafting; the general path stays the reference (tests/test_fast_draft.py holds the two equal).
+costs about twice what back-to-back drafts cost, because the pass evicts the drafter's weights from the
+caches (~0.1 ms per MB of int8 weights read back), and the general `DrafterModel.blocks_forward` runs ~560
+torch operations per draft (11 Linears, RoPE rebuilt per call, views of [B, A, S, ...] shapes). `FastDraft`
+computes the same function with the Linears that read one input stacked into one (q|k|v|memory gate,
+gate|up, anchor|context), RoPE tables cached, one softmax over [window; block] keys, and the memory read
+inline. `DrafterState` uses it for drafting (ingest keeps the general path: stacking its k|v|gate Linears
+measured no faster); the general path stays the reference (tests/test_fast_draft.py holds the two equal).
 """
 
 from __future__ import annotations
