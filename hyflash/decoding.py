@@ -130,7 +130,7 @@ def generate(
     result = GenerationResult(tokens=[], prompt_tokens=len(prompt))
 
     start = time.perf_counter()
-    out = target.prefill(prompt, features=want_features)
+    out = target.prefill(prompt, features=want_features, feature_free=not want_features)
     next_token = int(sample(logits_to_probs(out.logits[-1], sampling), generator))
     if drafter is not None:
         drafter.reset()

@@ -230,6 +230,26 @@ def test_a_target_without_the_eval_callback_decodes_the_same_text(lcpp):
         generate(lcpp, ids, None, max_new_tokens=24).tokens
     with pytest.raises(HyflashError, match="record_features=False"):
         bare.prefill(ids, features=True)
+    with pytest.raises(HyflashError, match="feature_free"):
+        lcpp.prefill(ids, features=True, feature_free=True)
+
+
+@pytest.mark.slow
+def test_a_generation_without_features_runs_in_the_context_without_the_callback(lcpp):
+    """A feature-recording target prefilled feature_free switches to its callback-free context: the same
+    logits bit for bit, no features until a prefill that may ask for them."""
+    ids = lcpp.encode_prompt(PROMPTS[0])
+    with_cb = lcpp.prefill(ids, features=True).logits
+    with_cb_next = lcpp.score([int(with_cb.argmax())], features=True).logits
+    assert lcpp._ctx is lcpp._feature_ctx
+    without = lcpp.prefill(ids, features=False, feature_free=True).logits
+    assert lcpp._ctx is lcpp._plain_ctx and lcpp._plain_ctx is not None
+    assert torch.equal(without, with_cb)
+    assert torch.equal(lcpp.score([int(without.argmax())], features=False).logits, with_cb_next)
+    with pytest.raises(HyflashError, match="prefilled feature_free"):
+        lcpp.score([5], features=True)
+    assert lcpp.prefill(ids, features=False).logits.shape == without.shape and lcpp._ctx is lcpp._feature_ctx
+    assert lcpp.prefill(ids, features=True).features is not None and lcpp._ctx is lcpp._feature_ctx
 
 
 # ----- the command line, the bench and calibration on this backend ---------------------------------------------

@@ -198,8 +198,10 @@ class BaseTarget(ABC):
         """Bytes the key/value cache holds for the cached tokens (measured from the cache, not computed)."""
 
     @abstractmethod
-    def prefill(self, ids, features: bool = True) -> TargetOutput:
-        """Start a new sequence: reset the cache, run the prompt; last position's logits, every feature."""
+    def prefill(self, ids, features: bool = True, feature_free: bool = False) -> TargetOutput:
+        """Start a new sequence: reset the cache, run the prompt; last position's logits, every feature.
+        feature_free: no pass of this sequence will ask for features, so a backend may run it without its
+        feature machinery (llama.cpp: a context without the eval callback); then none may ask."""
 
     @abstractmethod
     def score(self, ids, features: bool = True, tree=None) -> TargetOutput:

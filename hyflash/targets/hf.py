@@ -203,7 +203,7 @@ class Target(BaseTarget):
         return total
 
     @torch.inference_mode()
-    def prefill(self, ids, features: bool = True, chunk: int = PREFILL_CHUNK) -> TargetOutput:
+    def prefill(self, ids, features: bool = True, feature_free: bool = False, chunk: int = PREFILL_CHUNK) -> TargetOutput:
         """Start a new sequence: reset the cache and run the prompt, `chunk` tokens per pass.
 
         Only the last position's logits are returned ([1, V]): nothing reads the others, and for a long prompt

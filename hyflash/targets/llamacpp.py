@@ -248,13 +248,17 @@ class LlamaCppTarget(BaseTarget):
         # A sliding-window cache prunes cells it thinks are dead; rollback must find the last block's cells.
         cparams.swa_full = True
         # The callback is asked about every graph node of every pass (Python calls): plain decoding is ~9%
-        # faster without it, so a target that never gives features is built without one.
+        # faster without it, so a target that never gives features is built without one, and one that does
+        # runs a generation prefilled without features in a second context without it (made when first
+        # needed; a context's callback cannot be removed).
+        self._plain_params = llama_cpp.llama_context_params.from_buffer_copy(cparams)
         if record_features:
             cparams.cb_eval = self._cb
         self.record_features = record_features
         self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             raise HyflashError(f"llama.cpp could not create a context of {cparams.n_ctx} tokens for {path}")
+        self._feature_ctx, self._plain_ctx = (self._ctx, None) if record_features else (None, self._ctx)
         self.max_context = int(llama_cpp.llama_n_ctx(self._ctx))
         self.threads = threads
         self._mem = llama_cpp.llama_get_memory(self._ctx)
@@ -277,12 +281,26 @@ class LlamaCppTarget(BaseTarget):
         try:
             if getattr(self, "_ctx", None):
                 llama_cpp.llama_batch_free(self._batch)
-                llama_cpp.llama_free(self._ctx)
+            for ctx in {getattr(self, "_feature_ctx", None), getattr(self, "_plain_ctx", None)} - {None}:
+                llama_cpp.llama_free(ctx)
             if getattr(self, "_model", None):
                 llama_cpp.llama_model_free(self._model)
         except Exception:  # interpreter shutdown may have torn the bindings down already
             pass
-        self._ctx = self._model = None
+        self._ctx = self._feature_ctx = self._plain_ctx = self._model = None
+
+    def _use_context(self, features: bool) -> None:
+        """At a prefill: the context with the eval callback unless the sequence is feature-free, else the one
+        without (made now if needed). Each has its own cache; prefill starts it afresh."""
+        if features or not self.record_features:
+            self._ctx = self._feature_ctx if features else self._plain_ctx
+        else:
+            if self._plain_ctx is None:
+                self._plain_ctx = llama_cpp.llama_init_from_model(self._model, self._plain_params)
+                if not self._plain_ctx:
+                    raise HyflashError(f"llama.cpp could not create a second context for {self.name}")
+            self._ctx = self._plain_ctx
+        self._mem = llama_cpp.llama_get_memory(self._ctx)
 
     def _meta(self, key: str) -> str:
         buf = ctypes.create_string_buffer(256)
@@ -396,10 +414,15 @@ class LlamaCppTarget(BaseTarget):
             self._length = length
 
     @torch.inference_mode()
-    def prefill(self, ids, features: bool = True) -> TargetOutput:
+    def prefill(self, ids, features: bool = True, feature_free: bool = False) -> TargetOutput:
         """Start a new sequence: reset the cache, run the prompt BATCH tokens per llama_decode.
 
-        Only the last position's logits ([1, V]), as in the transformers backend; features of every position."""
+        Only the last position's logits ([1, V]), as in the transformers backend; features of every position.
+        A feature_free sequence runs in the context without the eval callback (`_use_context`)."""
+        if features and (feature_free or not self.record_features):
+            raise HyflashError(f"{self.name}: a feature_free prefill (or a target loaded with "
+                               "record_features=False) cannot give features")
+        self._use_context(not feature_free)
         self.reset()
         ids = [int(i) for i in torch.as_tensor(ids).view(-1).tolist()]
         self.check_prompt_length(len(ids))
@@ -479,8 +502,9 @@ class LlamaCppTarget(BaseTarget):
                 tree: _TreeBlock | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One llama_decode of `ids` at the cache's end (a chain in sequence 0, or a tree's layout); logits of
         the last `outputs` positions."""
-        if features and not self.record_features:
-            raise HyflashError(f"{self.name} was loaded with record_features=False: it cannot give features")
+        if features and self._ctx is not self._feature_ctx:
+            raise HyflashError(f"{self.name}: this sequence was prefilled feature_free (or the target was "
+                               "loaded with record_features=False), so it cannot give features")
         q, batch = len(ids), self._batch
         first_output = q - outputs
         for i, token in enumerate(ids):
