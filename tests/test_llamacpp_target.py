@@ -230,6 +230,8 @@ def test_a_target_without_the_eval_callback_decodes_the_same_text(lcpp):
         generate(lcpp, ids, None, max_new_tokens=24).tokens
     with pytest.raises(HyflashError, match="record_features=False"):
         bare.prefill(ids, features=True)
+    # Without feature_free too (calibration prefills so): the one context it has, the same logits.
+    assert torch.equal(bare.prefill(ids, features=False).logits, lcpp.prefill(ids, features=False).logits)
     with pytest.raises(HyflashError, match="feature_free"):
         lcpp.prefill(ids, features=True, feature_free=True)
 

@@ -289,11 +289,11 @@ class LlamaCppTarget(BaseTarget):
             pass
         self._ctx = self._feature_ctx = self._plain_ctx = self._model = None
 
-    def _use_context(self, features: bool) -> None:
-        """At a prefill: the context with the eval callback unless the sequence is feature-free, else the one
-        without (made now if needed). Each has its own cache; prefill starts it afresh."""
-        if features or not self.record_features:
-            self._ctx = self._feature_ctx if features else self._plain_ctx
+    def _use_context(self, feature_free: bool) -> None:
+        """At a prefill: the context with the eval callback, unless the sequence is feature-free or the target
+        has none; then the one without (made now if needed). Each has its own cache; prefill starts it afresh."""
+        if self.record_features and not feature_free:
+            self._ctx = self._feature_ctx
         else:
             if self._plain_ctx is None:
                 self._plain_ctx = llama_cpp.llama_init_from_model(self._model, self._plain_params)
@@ -418,11 +418,9 @@ class LlamaCppTarget(BaseTarget):
         """Start a new sequence: reset the cache, run the prompt BATCH tokens per llama_decode.
 
         Only the last position's logits ([1, V]), as in the transformers backend; features of every position.
-        A feature_free sequence runs in the context without the eval callback (`_use_context`)."""
-        if features and (feature_free or not self.record_features):
-            raise HyflashError(f"{self.name}: a feature_free prefill (or a target loaded with "
-                               "record_features=False) cannot give features")
-        self._use_context(not feature_free)
+        A feature_free sequence runs in the context without the eval callback (`_use_context`); asking it for
+        features is refused by `_decode`."""
+        self._use_context(feature_free)
         self.reset()
         ids = [int(i) for i in torch.as_tensor(ids).view(-1).tolist()]
         self.check_prompt_length(len(ids))
