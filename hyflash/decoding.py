@@ -98,6 +98,13 @@ def _verify(target: Target, next_token: int, plan, sampling: SamplingConfig, gen
     return block, scored, tokens[:n].tolist(), list(range(n + 1)), nxt
 
 
+def _drafting(drafter: Drafter | None, policy: SpeculationPolicy) -> tuple[Drafter | None, bool]:
+    """(what drafts now, whether the target must compute features): the drafter, or what is left of it while
+    the policy has its expensive part retired (a hybrid's n-gram lookup; nothing for a network alone)."""
+    active = drafter.without_expensive() if drafter is not None and policy.retire_expensive else drafter
+    return active, active is not None and active.needs_features
+
+
 def generate(
     target: Target,
     prompt_ids: list[int] | torch.Tensor,
@@ -122,9 +129,7 @@ def generate(
     generator = torch.Generator(device=device).manual_seed(seed)  # samples on the device the logits live on
     policy = policy or SpeculationPolicy()
     policy.start_run()
-    # What drafts: the drafter, or what is left of it while its expensive part is retired (policy.py).
-    active = drafter.without_expensive() if drafter is not None and policy.retire_expensive else drafter
-    want_features = active is not None and active.needs_features
+    active, want_features = _drafting(drafter, policy)
     # Never run past the model's context: the last committed token needs no target pass of its own.
     max_new_tokens = min(max_new_tokens, target.max_context - len(prompt))
     result = GenerationResult(tokens=[], prompt_tokens=len(prompt))
@@ -147,11 +152,9 @@ def generate(
         position = target.cache_length  # where next_token sits
         t0 = time.perf_counter()
         plan = None  # a chain Draft, a DraftTree, or None (a plain step)
-        if active is drafter is not None and policy.retire_expensive:
-            # The expensive drafter did not pay this generation: its cheap part (if any) drafts on, and the
-            # target stops computing features nobody reads.
-            active = drafter.without_expensive()
-            want_features = active is not None and active.needs_features
+        # Once the expensive drafter has not paid this generation, its cheap part (if any) drafts on, and the
+        # target stops computing features nobody reads.
+        active, want_features = _drafting(drafter, policy)
         if active is not None and room > 0:
             k_max = min(active.block_size - 1, room)
             candidates = active.propose(next_token, k_max, sampling, generator, expensive=policy.wants_draft())
