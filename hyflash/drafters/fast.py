@@ -17,43 +17,42 @@ import torch.nn.functional as F
 from torch import nn
 
 from hyflash.drafters import memory
+from hyflash.drafters.layers import rope_cos_sin, rotate
+
+
+def frozen_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Linear:
+    """An inference-only Linear holding copies of `weight` [out, in] (and `bias`)."""
+    out = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None).to(weight)
+    with torch.no_grad():
+        out.weight.copy_(weight)
+        if bias is not None:
+            out.bias.copy_(bias)
+    return out.requires_grad_(False)
 
 
 def stacked_linear(linears: list[nn.Linear]) -> nn.Linear:
     """One Linear whose output is the concatenation of `linears`' outputs (same input)."""
     weight = torch.cat([lin.weight.detach() for lin in linears])
+    if all(lin.bias is None for lin in linears):
+        return frozen_linear(weight)
     biases = [lin.bias.detach() if lin.bias is not None else weight.new_zeros(lin.out_features) for lin in linears]
-    has_bias = any(lin.bias is not None for lin in linears)
-    out = nn.Linear(weight.shape[1], weight.shape[0], bias=has_bias).to(weight)
-    with torch.no_grad():
-        out.weight.copy_(weight)
-        if has_bias:
-            out.bias.copy_(torch.cat(biases))
-    return out.requires_grad_(False)
+    return frozen_linear(weight, torch.cat(biases))
 
 
 class RopeTables:
-    """cos/sin rows per absolute position, computed as `layers.rope` does (float64 angles) and kept: a draft
-    then reads rows instead of rebuilding them. Grows by doubling."""
+    """cos/sin rows per absolute position, computed by `layers.rope_cos_sin` (as `layers.rope` does) and kept:
+    a draft then reads rows instead of rebuilding them. Grows by doubling."""
 
     def __init__(self, head_dim: int, theta: float, dtype: torch.dtype, device: torch.device):
-        self.inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim)
-        self.dtype = dtype
+        self.head_dim, self.theta, self.dtype = head_dim, theta, dtype
         self.cos = self.sin = torch.empty(0, head_dim, dtype=dtype, device=device)
 
     def rows(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         if end > len(self.cos):
             n = max(end, 2 * len(self.cos), 256)
-            angles = torch.arange(n, dtype=torch.float64, device=self.inv_freq.device)[:, None] * self.inv_freq
-            self.cos = torch.cat([angles.cos(), angles.cos()], -1).to(self.dtype)
-            self.sin = torch.cat([angles.sin(), angles.sin()], -1).to(self.dtype)
+            positions = torch.arange(n, device=self.cos.device)
+            self.cos, self.sin = rope_cos_sin(positions, self.head_dim, self.theta, self.dtype)
         return self.cos[start:end, None], self.sin[start:end, None]  # [L, 1, d]: broadcast over heads
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [L, heads, d] rotated with table rows [L, 1, d] (the same formula as `layers.rope`)."""
-    x1, x2 = x.chunk(2, -1)
-    return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
 class FastLayer(nn.Module):
@@ -78,9 +77,9 @@ class FastLayer(nn.Module):
         q, k, v, *gate = self.qkv(hn).split([h * d, h * d, h * d] + ([h] if self.gated_read else []), -1)
         q = F.rms_norm(q.view(S, h, d), (d,), n["q_norm"], self.eps)
         k = F.rms_norm(k.view(S, h, d), (d,), n["k_norm"], self.eps)
-        keys = torch.cat([ctx_k, apply_rope(k, cos, sin).transpose(0, 1)], 1)
+        keys = torch.cat([ctx_k, rotate(k, cos, sin).transpose(0, 1)], 1)
         values = torch.cat([ctx_v, v.view(S, h, d).transpose(0, 1)], 1)
-        q_rot = apply_rope(q, cos, sin).transpose(0, 1)  # [heads, S, d]
+        q_rot = rotate(q, cos, sin).transpose(0, 1)  # [heads, S, d]
         probs = (q_rot @ keys.transpose(-1, -2) * d**-0.5).to(torch.promote_types(x.dtype, torch.float32)).softmax(-1)
         out = probs.to(values.dtype) @ values  # [heads, S, d]
         if state is not None:
@@ -105,10 +104,8 @@ class FastDraft(nn.Module):
         self.layers = nn.ModuleList(FastLayer(layer) for layer in model.layers)
         self.slot_proj = None
         if cfg.slot_inputs:  # [W_a | W_c] reads [emb; context]: one Linear for anchor_proj + context_proj
-            H = cfg.target_hidden_size
-            weight = torch.cat([model.anchor_proj.weight.detach(), model.context_proj.weight.detach()], 1)
-            self.slot_proj = nn.Linear(2 * H, H, bias=False).to(weight).requires_grad_(False)
-            self.slot_proj.weight.data.copy_(weight)
+            self.slot_proj = frozen_linear(torch.cat([model.anchor_proj.weight.detach(),
+                                                      model.context_proj.weight.detach()], 1))
         self.norm = model.norm.weight.detach()
         self.mask_rows = model.mask_vector().detach().to(self.norm).expand(cfg.block_size - 1, -1).clone()
         p = model.norm.weight
@@ -135,13 +132,13 @@ class FastDraft(nn.Module):
             x = x + self.slot_proj(torch.cat([emb, state.last_feature.to(emb)[None]], -1))  # [1, H]
         cos, sin = self.rope.rows(state.length, state.length + S)
         live = state.length - state.start
-        rotate = state.config.window_capacity is not None  # full keeps keys rotated at ingest
-        if rotate:
+        unrotated = state.config.window_capacity is not None  # window keys; full keeps them rotated at ingest
+        if unrotated:
             ctx_cos, ctx_sin = self.rope.rows(state.start, state.length)
         for i, layer in enumerate(self.layers):
             ctx_k = state.keys[i][:live]
-            if rotate:
-                ctx_k = apply_rope(ctx_k, ctx_cos, ctx_sin)
+            if unrotated:
+                ctx_k = rotate(ctx_k, ctx_cos, ctx_sin)
             memory_state = state.states[i] if state.states else None
             x = layer(x, cos, sin, ctx_k.transpose(0, 1), state.values[i][:live].transpose(0, 1), memory_state)
         return F.rms_norm(x[1:], x.shape[-1:], self.norm, self.eps)

@@ -18,15 +18,25 @@ from hyflash.drafters import memory
 from hyflash.drafters.config import DrafterConfig
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding of x [..., L, heads, d] at integer positions broadcastable to [..., L]."""
-    d = x.shape[-1]
-    inv_freq = theta ** (-torch.arange(0, d, 2, dtype=torch.float64, device=x.device) / d)
-    angles = positions.to(torch.float64)[..., None] * inv_freq  # [..., L, d/2], float64 for long contexts
-    cos = torch.cat([angles.cos(), angles.cos()], -1)[..., None, :].to(x.dtype)
-    sin = torch.cat([angles.sin(), angles.sin()], -1)[..., None, :].to(x.dtype)
+def rope_cos_sin(positions: torch.Tensor, d: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [..., L, d] of the rotary angles at integer positions [..., L] (float64 angles, for long
+    contexts), in `dtype`."""
+    inv_freq = theta ** (-torch.arange(0, d, 2, dtype=torch.float64, device=positions.device) / d)
+    angles = positions.to(torch.float64)[..., None] * inv_freq  # [..., L, d/2]
+    return (torch.cat([angles.cos(), angles.cos()], -1).to(dtype),
+            torch.cat([angles.sin(), angles.sin()], -1).to(dtype))
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [..., L, heads, d] rotated by cos/sin [..., L, 1, d] (broadcast over heads)."""
     x1, x2 = x.chunk(2, -1)
     return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding of x [..., L, heads, d] at integer positions broadcastable to [..., L]."""
+    cos, sin = rope_cos_sin(positions.to(x.device), x.shape[-1], theta, x.dtype)
+    return rotate(x, cos[..., None, :], sin[..., None, :])
 
 
 class FeatureFusion(nn.Module):
