@@ -200,7 +200,7 @@ def measure_drafter(target, drafter, context: int = DEFAULT_CONTEXTS[0], reps: i
 
 def calibrate(model: str, dtype: str, drafter_spec: str | None = "default", contexts=DEFAULT_CONTEXTS,
               reps: int = 3, use_cache: bool = True, target=None, announce=None,
-              backend: str = "transformers") -> tuple[CostCurve, bool]:
+              backend: str = "transformers", target_options: dict | None = None) -> tuple[CostCurve, bool]:
     """The cost curve of (model, dtype) on `backend` on this machine: from the cache, else measured and cached.
     Returns (curve, measured_now); `announce(line)` is told before a measurement starts.
 
@@ -211,7 +211,8 @@ def calibrate(model: str, dtype: str, drafter_spec: str | None = "default", cont
     if target is None and backend != "transformers":
         from hyflash.cli import drafter_needs_features
 
-        target = load_target(model, dtype, backend, record_features=drafter_needs_features(drafter_spec, model))
+        target = load_target(model, dtype, backend, record_features=drafter_needs_features(drafter_spec, model),
+                             **(target_options or {}))
     key = machine_key(model, dtype, target)
     path = cache_path(key)
     if use_cache and path.exists():
@@ -221,7 +222,7 @@ def calibrate(model: str, dtype: str, drafter_spec: str | None = "default", cont
                 return CostCurve.from_dict(data["curve"]), False
         except (OSError, json.JSONDecodeError, KeyError, TypeError):
             pass  # a corrupt cache entry is simply measured again
-    target = target or load_target(model, dtype, backend)
+    target = target or load_target(model, dtype, backend, **(target_options or {}))
     drafter = None
     if drafter_spec:
         from hyflash.cli import build_drafter

@@ -68,6 +68,15 @@ def add_backend_arg(p) -> None:
     p.add_argument("--backend", default="transformers", choices=BACKENDS,
                    help="what runs the target: transformers (default) or llama.cpp (the GGUF file itself, in its "
                         "own quantisation; needs llama-cpp-python, see README)")
+    for part, default in (("k", "q8_0"), ("v", "f16")):
+        p.add_argument(f"--cache-type-{part}", choices=("f16", "q8_0", "bf16"), default=None,
+                       help=f"llama.cpp only: the KV cache's {part.upper()} type (default {default}; a q8_0 K keeps "
+                            "speculative text bit-identical to plain on any thread count, docs/engine.md)")
+
+
+def target_options(args) -> dict:
+    """The target settings given on the command line (`load_target`'s options), only those given."""
+    return {key: getattr(args, key) for key in ("cache_type_k", "cache_type_v") if getattr(args, key, None)}
 
 
 def add_engine_args(p) -> None:
@@ -122,7 +131,8 @@ def cmd_generate(args) -> int:
     from hyflash import engine
 
     target, drafter, policy, choice = engine.load(args.model, args.dtype, args.drafter, args.adaptive, args.tree,
-                                                  backend=args.backend, keep_drafter=args.keep_drafter)
+                                                  backend=args.backend, keep_drafter=args.keep_drafter,
+                                                  target_options=target_options(args))
     prompt_ids = target.encode_prompt(args.prompt, chat=False if args.no_chat else None)
 
     streamed: list[int] = []
@@ -206,7 +216,8 @@ def cmd_calibrate(args) -> int:
     curves = {}  # by the curve's own name for what runs (on llama.cpp the GGUF's quantisation, e.g. Q4_1)
     for dtype in dtypes:
         curve, measured = calibrate(args.model, dtype, None if args.drafter == "none" else args.drafter,
-                                    use_cache=not args.force, announce=say, backend=args.backend)
+                                    use_cache=not args.force, announce=say, backend=args.backend,
+                                    target_options=target_options(args))
         curves[curve.dtype] = curve
         if not measured:
             say(f"hyflash: {args.model} {describe(dtype, args.backend)}: cached result for this machine "

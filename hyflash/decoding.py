@@ -94,7 +94,10 @@ def _verify(target: Target, next_token: int, plan, sampling: SamplingConfig, gen
     q = None if plan is None or plan.probs is None else plan.probs.to(device)
     block = torch.cat([torch.tensor([next_token], device=device), tokens])
     scored = target.score(block, features=features)
-    n, nxt = verify_block(logits_to_probs(scored.logits, sampling), tokens, q, sampling, generator)
+    # Greedy reads only the argmax: raw logits serve, without warping them into one-hot rows of the whole
+    # vocabulary (~0.2 ms a step on 49k tokens, 3% of a llama.cpp Q4_1 step).
+    target_probs = scored.logits if sampling.greedy else logits_to_probs(scored.logits, sampling)
+    n, nxt = verify_block(target_probs, tokens, q, sampling, generator)
     return block, scored, tokens[:n].tolist(), list(range(n + 1)), nxt
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 
 from hyflash import engine
+from hyflash.cli import target_options
 from hyflash.bench.datasets import build_humaneval
 from hyflash.decoding import generate
 from hyflash.sampling import SamplingConfig
@@ -16,7 +17,8 @@ from hyflash.sampling import SamplingConfig
 def run_demo(args) -> int:
     print(f"loading {args.model} on {args.backend} ...", flush=True)
     target, drafter, policy, choice = engine.load(args.model, args.dtype, args.drafter, args.adaptive, args.tree,
-                                                  backend=args.backend, keep_drafter=args.keep_drafter)
+                                                  backend=args.backend, keep_drafter=args.keep_drafter,
+                                                  target_options=target_options(args))
     print(f"dtype {choice.dtype} ({choice.reason}); draft length: "
           f"{'adaptive, from the measured cost curve' if args.adaptive else 'the whole block'}", flush=True)
     dtype = choice.dtype

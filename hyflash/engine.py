@@ -66,19 +66,21 @@ def choose(model: str, dtype: str, with_drafter: bool, block: int = 8, calibrate
 
 
 def prepare(model: str, dtype: str = "auto", backend: str = "transformers", drafter: str = "default",
-            calibrated: bool = True, log: Callable[[str], None] = _stderr):
+            calibrated: bool = True, log: Callable[[str], None] = _stderr, target_options: dict | None = None):
     """(target, DtypeChoice): the target on `backend`, in the dtype chosen for running `drafter` ('none' =
-    plain decoding), with the cost curve the adaptive policy reads (calibrated=False: none)."""
+    plain decoding), with the cost curve the adaptive policy reads (calibrated=False: none). target_options:
+    the llama.cpp target's settings (`load_target`'s options)."""
     from hyflash.cli import drafter_needs_features
-    from hyflash.targets import load_target
+    from hyflash.targets import check_options, load_target
 
-    with_drafter = drafter != "none"
+    with_drafter, options = drafter != "none", target_options or {}
+    check_options(backend, options)  # before a transformers calibration, not after
     if backend == "transformers":
         _refuse_bad_drafter_folder(drafter, model)
         choice = choose(model, dtype, with_drafter, calibrated=calibrated, log=log)
         return load_target(model, choice.dtype, backend), choice
     # Loaded first: it checks --dtype and the file, and calibration keys on the file and the target's settings.
-    target = load_target(model, dtype, backend, record_features=drafter_needs_features(drafter, model))
+    target = load_target(model, dtype, backend, record_features=drafter_needs_features(drafter, model), **options)
     curve = None
     if calibrated and with_drafter:
         curve = cost_curves(model, [GGUF_DTYPE], log, backend, target, drafter)[GGUF_DTYPE]
@@ -104,11 +106,12 @@ def _refuse_bad_drafter_folder(spec: str, model: str) -> None:
 
 def load(model: str, dtype: str = "auto", drafter: str = "default", adaptive: bool = True, tree: int = 0,
          log: Callable[[str], None] = _stderr, backend: str = "transformers",
-         keep_drafter: bool = False):
+         keep_drafter: bool = False, target_options: dict | None = None):
     """(target, drafter or None, policy, DtypeChoice) ready for `decoding.generate`."""
     from hyflash.cli import build_drafter
 
-    target, choice = prepare(model, dtype, backend, drafter, calibrated=adaptive, log=log)
+    target, choice = prepare(model, dtype, backend, drafter, calibrated=adaptive, log=log,
+                             target_options=target_options)
     built = build_drafter(drafter, target)
     policy = SpeculationPolicy(choice.curve if adaptive else None, PolicyConfig.for_run(adaptive, tree, keep_drafter))
     return target, built, policy, choice

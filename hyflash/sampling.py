@@ -76,7 +76,8 @@ def verify_block(
 ) -> tuple[int, int]:
     """Decide how many of k draft tokens to keep and which token comes next.
 
-    target_probs: [k+1, V] warped target distributions at the k draft slots plus the bonus slot.
+    target_probs: [k+1, V] warped target distributions at the k draft slots plus the bonus slot (greedy reads
+    only their argmax, so the target's raw logits serve as well).
     draft_tokens: [k]; draft_probs: [k, V] distributions the drafts were drawn from, or None when the drafter
     is deterministic (one-hot q). Returns (number accepted, the correction or bonus token).
     """

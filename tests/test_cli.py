@@ -37,6 +37,7 @@ def test_help_lists_every_command(capsys):
         (["--prompt", "hi", "--top-p", "1.5"], "top-p"),
         (["--prompt", "hi", "--model", "no-such-model"], "unknown model 'no-such-model'"),
         (["--prompt", "hi", "--backend", "llama.cpp", "--dtype", "float32"], "does not apply to the llama.cpp"),
+        (["--prompt", "hi", "--cache-type-k", "f16"], "--cache-type-k applies to the llama.cpp backend only"),
     ],
 )
 def test_cheap_bad_input(capsys, argv, needle):

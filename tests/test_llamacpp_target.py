@@ -19,6 +19,7 @@ from hyflash.targets import load_target
 llama_cpp = pytest.importorskip(
     "llama_cpp", reason="llama-cpp-python is not installed (pip install llama-cpp-python==0.3.36)"
 )
+from hyflash.targets.llamacpp import llama_cpp_peer  # noqa: E402 (needs llama_cpp)
 
 PROMPTS = [
     "Write a Python function that reverses a string.",
@@ -40,8 +41,7 @@ def lcpp():
 
 def _llama_cpp_greedy(target, prompt_ids: list[int], n: int) -> list[int]:
     """llama.cpp's own greedy decoding (llama_cpp.Llama, temperature 0) of the same file and settings."""
-    llm = llama_cpp.Llama(str(target.path), n_ctx=2048, n_threads=target.threads, n_batch=512,
-                          flash_attn=target.flash_attn, verbose=False)
+    llm = llama_cpp_peer(target.path, target, n_ctx=2048, n_batch=512)
     out: list[int] = []
     for tok in llm.generate(prompt_ids, temp=0.0, top_k=1, repeat_penalty=1.0, reset=True):
         out.append(int(tok))
@@ -92,31 +92,48 @@ def test_block_pass_equals_one_token_passes(lcpp):
     assert torch.equal(batched.logits.argmax(-1), torch.cat([s.logits for s in singles]).argmax(-1))
 
 
-@pytest.mark.slow
-def test_at_one_thread_speculation_is_exact_at_long_context(lcpp):
-    """On the shipped Q4_1 at one llama.cpp thread (the suite's setting) a block pass is bit-identical to
-    one-token passes at 600 tokens of context too, so speculative greedy text is exactly plain text. With 2+
-    threads llama.cpp's one-token attention splits the context across threads and rounds differently from
-    its multi-token pass (docs/results/llamacpp/batch_invariance.md: up to ~0.9 logits beyond ~300 tokens)."""
+def _speculation_is_exact_at_long_context(target) -> None:
     from pathlib import Path
 
     import hyflash.decoding
     from hyflash.drafters.loading import load_drafter_for_target
     from hyflash.training.defaults import default_drafter_path
 
-    assert lcpp.threads == 1
-    ids = lcpp.tokenizer.encode(Path(hyflash.decoding.__file__).read_text()[:4000])[:600]
-    block = _random_block(lcpp, 8, 3)
-    lcpp.prefill(ids, features=False)
-    batched = lcpp.score(block).logits
-    lcpp.rollback(len(ids))
-    assert torch.equal(batched, torch.cat([lcpp.score([t]).logits for t in block]))
-    plain = generate(lcpp, ids, None, max_new_tokens=48)
-    shipped = load_drafter_for_target(default_drafter_path("smollm2-135m"), lcpp)
+    ids = target.tokenizer.encode(Path(hyflash.decoding.__file__).read_text()[:4000])[:600]
+    block = _random_block(target, 8, 3)
+    target.prefill(ids, features=False)
+    batched = target.score(block).logits
+    target.rollback(len(ids))
+    assert torch.equal(batched, torch.cat([target.score([t]).logits for t in block]))
+    plain = generate(target, ids, None, max_new_tokens=48)
+    shipped = load_drafter_for_target(default_drafter_path("smollm2-135m"), target)
     for drafter in (NgramDrafter(block_size=8), shipped):
-        spec = generate(lcpp, ids, drafter, max_new_tokens=48)
+        spec = generate(target, ids, drafter, max_new_tokens=48)
         assert spec.tokens == plain.tokens, type(drafter).__name__
         assert spec.target_passes < plain.target_passes
+
+
+@pytest.mark.slow
+def test_at_one_thread_speculation_is_exact_at_long_context(lcpp):
+    """On the shipped Q4_1 a block pass is bit-identical to one-token passes at 600 tokens of context (past
+    the 512 cells where llama.cpp's one-token attention may split the cells across threads), so speculative
+    greedy text is exactly plain text."""
+    assert lcpp.threads == 1
+    _speculation_is_exact_at_long_context(lcpp)
+
+
+@pytest.mark.slow
+def test_at_two_threads_the_default_kv_cache_keeps_speculation_exact():
+    """At 2+ threads a one-token pass over 512+ cells of an F16 K and V splits the cells across threads and
+    rounds differently from a block pass (up to ~0.9 logits, docs/results/llamacpp/kv_cache.md); the
+    default q8_0 K takes llama.cpp off that path, so the text stays exactly plain text."""
+    if os.environ.get("HYFLASH_SKIP_REAL_MODEL"):
+        pytest.skip("HYFLASH_SKIP_REAL_MODEL is set")
+    from hyflash.targets.llamacpp import LlamaCppTarget
+
+    target = LlamaCppTarget.load("smollm2-135m", n_threads=2)
+    assert target.cache_types == ("q8_0", "f16")
+    _speculation_is_exact_at_long_context(target)
 
 
 @pytest.mark.slow
@@ -362,6 +379,7 @@ def test_calibration_is_keyed_by_backend_and_file(lcpp, tmp_path, monkeypatch):
     ours, theirs = machine_key("smollm2-135m", "auto", lcpp), machine_key("smollm2-135m", "auto")
     assert (ours["backend"], theirs["backend"]) == ("llama.cpp", "transformers")
     assert ours["gguf"] == file_fingerprint(lcpp.path) and ours["eval_callback"] is True
+    assert ours["cache_types"] == ["q8_0", "f16"]  # they change a pass's cost, so they are part of the key
     assert "transformers" not in ours and cache_path(ours) != cache_path(theirs)
     curve, measured = calibrate("smollm2-135m", "auto", None, contexts=(8,), reps=1, target=lcpp,
                                 backend="llama.cpp")

@@ -162,3 +162,17 @@ def test_verify_block_single_position_distribution():
         accepted, nxt = verify_block(target_probs, d, q[None], SamplingConfig(temperature=1.0), g)
         counts[int(d) if accepted else nxt] += 1
     torch.testing.assert_close(counts / n, p, atol=0.015, rtol=0)
+
+
+def test_greedy_verification_reads_raw_logits_as_its_one_hot_distributions():
+    """The decode loop hands greedy verification the target's raw logits (no one-hot warping): accepted
+    count and next token must be those of the warped distributions, for every prefix of agreement."""
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0))
+    best = logits.argmax(-1)
+    greedy = SamplingConfig()
+    for agree in range(6):
+        draft = best[:5].clone()
+        if agree < 5:
+            draft[agree] = (draft[agree] + 1) % 50
+        expected = verify_block(logits_to_probs(logits, greedy), draft, None, greedy, None)
+        assert verify_block(logits, draft, None, greedy, None) == expected == (agree, int(best[agree]))

@@ -77,6 +77,7 @@ def cmd_bench(args) -> int:
         return 0
 
     from hyflash.bench.run import BenchConfig, quick, run_bench
+    from hyflash.cli import target_options
 
     config = BenchConfig(
         model=args.model, backend=args.backend, dtype=args.dtype, adaptive=args.adaptive,
@@ -84,7 +85,7 @@ def cmd_bench(args) -> int:
         temperatures=args.temperatures, methods=args.methods, drafters=dict(parse_drafter(d) for d in args.drafter),
         pld_tokens=args.pld_tokens, ngram_block=args.ngram_block, seed=args.seed,
         memory_contexts=args.memory_contexts, sweep_kinds=args.sweep_kinds, sweep_depths=args.sweep_depths,
-        threads=args.threads,
+        threads=args.threads, target_options=target_options(args),
     )
     if args.quick:
         config = quick(config)

@@ -206,7 +206,7 @@ def target_gguf(target):
 class LlamaCppMethod(Method):
     """llama-cpp-python's own decoding: `Llama.generate` (the token loop inside create_completion, without its
     per-token detokenising and stop-string checks) on the GGUF of the same model, with the same thread count,
-    flash-attention setting and context size as the llama.cpp target. With prompt_lookup_tokens it is
+    flash-attention setting, KV cache types and context size as the llama.cpp target (`llama_cpp_peer`). With prompt_lookup_tokens it is
     llama-cpp-python's prompt-lookup decoding (`LlamaPromptLookupDecoding` as draft_model), which verifies by
     sampling at every drafted position and comparing: lossless, greedy and sampled.
 
@@ -234,20 +234,17 @@ class LlamaCppMethod(Method):
 
     def _model(self, target):
         if self._llm is None:
-            from llama_cpp import Llama
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-            from hyflash.targets.llamacpp import BATCH, DEFAULT_N_CTX, FLASH_ATTN
+            from hyflash.targets.llamacpp import BATCH, DEFAULT_N_CTX, llama_cpp_peer
 
-            threads = getattr(target, "threads", None) or torch.get_num_threads()
             draft = None if not self.prompt_lookup_tokens else LlamaPromptLookupDecoding(
                 max_ngram_size=self.max_matching_ngram, num_pred_tokens=self.prompt_lookup_tokens)
-            llm = Llama(str(target_gguf(target)), n_ctx=min(target.max_context, DEFAULT_N_CTX), n_batch=BATCH,
-                        n_ubatch=BATCH, n_threads=threads, n_threads_batch=threads, swa_full=True,
-                        flash_attn=getattr(target, "flash_attn", FLASH_ATTN), draft_model=draft,
-                        # With a draft model llama-cpp-python keeps logits of every position but sizes that
-                        # array from this argument: without it, prompts over n_batch tokens crash (0.3.36).
-                        logits_all=draft is not None, verbose=False)
+            llm = llama_cpp_peer(target_gguf(target), target, n_ctx=min(target.max_context, DEFAULT_N_CTX), n_batch=BATCH,
+                                 n_ubatch=BATCH, swa_full=True, draft_model=draft,
+                                 # With a draft model llama-cpp-python keeps logits of every position but sizes
+                                 # that array from this argument: without it, prompts over n_batch tokens crash.
+                                 logits_all=draft is not None)
             evaluate = llm.eval
 
             def timed_eval(tokens):

@@ -45,6 +45,7 @@ PLAIN, HF_PLAIN, HF_PLD = "plain", "hf-plain", "hf-prompt-lookup"
 class BenchConfig:
     model: str = "smollm2-135m"
     backend: str = "transformers"  # what runs the target (our loop's methods); llama.cpp: the GGUF itself
+    target_options: dict[str, str] = field(default_factory=dict)  # llama.cpp's KV cache types (load_target)
     dtype: str = "auto"  # auto: the fastest for speculation on this machine (calibration); or bfloat16 / float32
     adaptive: bool = True  # draft length chosen per step from the cost curve (False: whole blocks)
     keep_drafter: bool = False  # never retire a trained drafter that does not pay (policy.py)
@@ -184,7 +185,7 @@ def run_bench(
         # Calibrated for (and, on llama.cpp, recording features for) the first trained drafter, else n-gram.
         drafter = next(iter(config.drafters.values()), "ngram")
         target, choice = engine.prepare(config.model, config.dtype, config.backend, drafter,
-                                        calibrated=config.adaptive, log=log)
+                                        calibrated=config.adaptive, log=log, target_options=config.target_options)
     else:  # a target handed in (tests): its dtype, and a flat cost curve unless one is cached
         choice = engine.DtypeChoice(target.precision, "the target given", None)
     curve = choice.curve if config.adaptive else None

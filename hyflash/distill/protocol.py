@@ -300,7 +300,13 @@ class Experiment:
     def comparison_runs(self) -> None:
         s = self.scale
         chosen = {m: r["chosen_lr"] for m, r in json.loads((self.out / "grid.json").read_text())["methods"].items()}
-        for seed in s.seeds:  # seed-major, so an interrupted run leaves balanced seeds across methods
-            for method in s.methods:
-                folder = self.out / "runs" / f"{method}-seed{seed}"
-                self._train(self._run_config(method, chosen[method], seed, folder, s.steps, "test", s.eval_size))
+        # The compared pair (REOPOLD, OPD) first, then the references (GKD, SFT); each group seed-major, so an
+        # interrupted experiment has the verdict's seeds first and balanced seeds within each group.
+        compared = [m for m in s.methods if m in ("reopold", "opd")]
+        references = [m for m in s.methods if m not in compared]
+        for group in (compared, references):
+            for seed in s.seeds:
+                for method in group:
+                    folder = self.out / "runs" / f"{method}-seed{seed}"
+                    self._train(self._run_config(method, chosen[method], seed, folder, s.steps, "test",
+                                                 s.eval_size))

@@ -26,8 +26,16 @@ BACKENDS = ("transformers", "llama.cpp")
 __all__ = [
     "BACKENDS", "BUILTIN_MODELS", "DEFAULT_MODEL", "DTYPES", "PREFILL_CHUNK", "BaseTarget", "FeatureRecorder",
     "Target", "TargetOutput", "builtin_gguf", "cache_root", "default_feature_layers", "gguf_path",
-    "load_target", "resolve_model_path",
+    "check_options", "load_target", "resolve_model_path",
 ]
+
+
+def check_options(backend: str, options: dict) -> None:
+    """Target settings only the llama.cpp backend has (its KV cache types) fail on transformers, in one line."""
+    if options and backend != "llama.cpp":
+        flags = ", ".join("--" + key.replace("_", "-") for key in options)
+        verb, them = ("apply", "them") if len(options) > 1 else ("applies", "it")
+        raise HyflashError(f"{flags} {verb} to the llama.cpp backend only: add --backend llama.cpp or drop {them}")
 
 
 def load_target(
@@ -36,6 +44,7 @@ def load_target(
     backend: str = "transformers",
     feature_layers: tuple[int, ...] | None = None,
     record_features: bool = True,
+    **options,
 ) -> BaseTarget:
     """A target for `model` (a built-in name or a local path) on `backend`.
 
@@ -44,7 +53,9 @@ def load_target(
     name (the GGUF its package ships) or a local `PATH.gguf`.
     record_features=False (llama.cpp only; transformers records only when asked) builds a target that
     never gives features, ~9% faster for plain decoding and feature-free drafters (n-gram).
+    options: the llama.cpp target's settings (cache_type_k, cache_type_v; see LlamaCppTarget).
     """
+    check_options(backend, options)
     if backend == "transformers":
         return Target.load(model, dtype=dtype, feature_layers=feature_layers)
     if backend == "llama.cpp":
@@ -55,5 +66,5 @@ def load_target(
             )
         from hyflash.targets.llamacpp import LlamaCppTarget
 
-        return LlamaCppTarget.load(model, feature_layers=feature_layers, record_features=record_features)
+        return LlamaCppTarget.load(model, feature_layers=feature_layers, record_features=record_features, **options)
     raise HyflashError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")

@@ -54,6 +54,9 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 DEFAULT_N_CTX = 8192  # enough for every bench context; a model trained on less gets its own
 BATCH = 512  # tokens per llama_decode call (prefill chunk), also the physical ubatch
 FLASH_ATTN = True  # the default (see LlamaCppTarget.__init__); llama.cpp peers in the bench use the same
+# The KV cache's element types, by llama.cpp's names (its -ctk / -ctv). The default K is q8_0 (see __init__).
+CACHE_TYPES = {"f16": 1, "q8_0": 8, "bf16": 30}  # ggml_type ids
+CACHE_TYPE_K, CACHE_TYPE_V = "q8_0", "f16"
 TREE_LEAVES = 32  # most leaves of a draft tree (one sequence each: ids 1..TREE_LEAVES); 0 is the verified text
 JUNK_SEQ = TREE_LEAVES + 1  # holds rejected tree nodes' cells until they can be dropped without leaving holes
 JUNK_LIMIT = 512  # junk cells that trigger a compaction of the cache (their masked scan costs a little per pass)
@@ -167,6 +170,17 @@ def file_fingerprint(path: Path, edge: int = 1 << 20) -> str:
     return digest.hexdigest()[:20]
 
 
+def llama_cpp_peer(path: Path, target=None, **kwargs) -> "llama_cpp.Llama":
+    """llama-cpp-python's own `Llama` on `path` with the settings that decide its greedy text: the threads,
+    flash attention and KV cache types of `target` (a LlamaCppTarget), or this backend's defaults (with
+    torch's thread count) for any other target. It is the plain llama.cpp run hyflash's output must equal."""
+    threads = getattr(target, "threads", None) or torch.get_num_threads()
+    cache_k, cache_v = getattr(target, "cache_types", (CACHE_TYPE_K, CACHE_TYPE_V))
+    settings = dict(n_threads=threads, n_threads_batch=threads, flash_attn=getattr(target, "flash_attn", FLASH_ATTN),
+                    type_k=CACHE_TYPES[cache_k], type_v=CACHE_TYPES[cache_v], verbose=False)
+    return llama_cpp.Llama(str(path), **(settings | kwargs))
+
+
 def _hf_tokenizer(name: str, folder: Path, gguf_file: str):
     """The tokenizer the transformers backend uses for a built-in model: its cached conversion, else the
     same tokenizer read from the GGUF (what the conversion saves), without converting the weights."""
@@ -185,8 +199,12 @@ class LlamaCppTarget(BaseTarget):
 
     def __init__(self, gguf_path: str | Path, tokenizer=None, feature_layers: tuple[int, ...] | None = None,
                  name: str = "", n_ctx: int | None = None, n_threads: int | None = None,
-                 flash_attn: bool = FLASH_ATTN, record_features: bool = True):
+                 flash_attn: bool = FLASH_ATTN, record_features: bool = True,
+                 cache_type_k: str = CACHE_TYPE_K, cache_type_v: str = CACHE_TYPE_V):
         path = Path(gguf_path).expanduser()
+        for what, kind in (("cache_type_k", cache_type_k), ("cache_type_v", cache_type_v)):
+            if kind not in CACHE_TYPES:
+                raise HyflashError(f"unknown KV cache type {what}={kind!r}: use one of {', '.join(CACHE_TYPES)}")
         if not path.is_file():
             raise HyflashError(f"no GGUF file at {path}: pass a built-in model name or an existing .gguf file")
         _init_backend()
@@ -235,16 +253,23 @@ class LlamaCppTarget(BaseTarget):
         cparams.no_perf = True
         # Explicit, not llama.cpp's "auto": greedy text depends on it (FA rounds differently), and a plain
         # llama.cpp run compared with this one must use the same setting (llama_cpp.Llama defaults to off).
-        # On by default because it makes speculative decoding exact on SmolLM2 Q4_1 at one thread: with FA a
-        # q-token pass gives bit for bit the logits of q one-token passes (any context); without it, passes
-        # of 8+ tokens differ by ~1-2% (argmax flips at q = 16). On 2+ threads a one-token FA pass beyond a
-        # few hundred tokens of context splits the context across threads and rounds differently from a
-        # multi-token pass, and F16 files round differently at any thread count, so near-ties can flip
+        # On by default because it makes speculative decoding exact on SmolLM2 Q4_1: with FA (and the q8_0 K
+        # below) a q-token pass gives bit for bit the logits of q one-token passes (any context, any thread
+        # count); without it, passes of 8+ tokens differ by ~1-2% (argmax flips at q = 16). F16 files round
+        # differently in multi-token matrix products at any setting, so near-ties can flip there
         # (docs/results/llamacpp/batch_invariance.md). The price: with the eval callback, FA passes of 8-16
         # tokens cost 1.3-1.5x more than without FA (docs/results/llamacpp/measure.md).
         cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
                                    else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         self.flash_attn = flash_attn
+        # K in q8_0 by default because it makes speculative decoding exact on any thread count: a one-token FA
+        # pass over 512+ cells with an F16 (or F32) K and V of one type splits the cells across threads and
+        # merges partial sums, so it rounds differently from the multi-token pass that verifies a draft; with
+        # q8_0 K every pass takes the same per-row path (docs/results/llamacpp/kv_cache.md: bit-identical at
+        # 2 threads, 300-1,000 tokens, where F16/F16 differs by up to 0.9 logits). llama.cpp's own default is
+        # F16/F16: a plain llama.cpp run compared with this one must use the same types, as the bench peers do.
+        cparams.type_k, cparams.type_v = CACHE_TYPES[cache_type_k], CACHE_TYPES[cache_type_v]
+        self.cache_types = (cache_type_k, cache_type_v)
         # A sliding-window cache prunes cells it thinks are dead; rollback must find the last block's cells.
         cparams.swa_full = True
         # The callback is asked about every graph node of every pass (Python calls): plain decoding is ~9%
@@ -335,9 +360,10 @@ class LlamaCppTarget(BaseTarget):
     def calibration_identity(self) -> dict:
         """What, besides the CPU, makes a cost curve of this target valid: llama.cpp's version, the file
         (a fingerprint, so a re-quantised file under the same name is measured afresh) and the settings that
-        change a pass's cost (threads, flash attention, the eval callback)."""
+        change a pass's cost (threads, flash attention, the eval callback, the KV cache's types)."""
         return {"backend": self.backend, "llama_cpp": llama_cpp.__version__, "gguf": file_fingerprint(self.path),
-                "threads": self.threads, "flash_attn": self.flash_attn, "eval_callback": self.record_features}
+                "threads": self.threads, "flash_attn": self.flash_attn, "eval_callback": self.record_features,
+                "cache_types": list(self.cache_types)}
 
     # ----- frozen pieces drafters reuse (from the GGUF, dequantised once) --------------------------------
     def _weight(self, key: str) -> torch.Tensor:

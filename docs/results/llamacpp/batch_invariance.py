@@ -27,11 +27,15 @@ QS = (2, 8, 16)
 NEW = 16
 
 
-def measure(path: Path, threads: int, flash_attn: bool) -> list[dict]:
-    target = LlamaCppTarget(path, n_threads=threads, flash_attn=flash_attn)
+def measure(path: Path, threads: int, flash_attn: bool, contexts=CONTEXTS, cache_type_k: str = "f16",
+            cache_type_v: str = "f16") -> list[dict]:
+    """Rows of one setting. The KV cache defaults to llama.cpp's own F16/F16, as the table below was measured
+    (kv_cache.py compares the other types)."""
+    target = LlamaCppTarget(path, n_threads=threads, flash_attn=flash_attn, cache_type_k=cache_type_k,
+                            cache_type_v=cache_type_v)
     ids = target.tokenizer.encode((ROOT / "hyflash" / "decoding.py").read_text()[:6000])
     rows = []
-    for ctx in CONTEXTS:
+    for ctx in contexts:
         out = target.prefill(torch.tensor(ids[:ctx]), features=False)
         block, one_token = [], []
         nxt = int(out.logits[-1].argmax())
@@ -41,7 +45,8 @@ def measure(path: Path, threads: int, flash_attn: bool) -> list[dict]:
             one_token.append(logits)
             nxt = int(logits.argmax())
         reference = torch.stack(one_token)
-        row = {"file": path.name, "threads": threads, "flash_attn": flash_attn, "context": ctx}
+        row = {"file": path.name, "threads": threads, "flash_attn": flash_attn, "context": ctx,
+               "cache_types": [cache_type_k, cache_type_v]}
         for q in QS:
             target.rollback(ctx)
             batched = torch.cat([target.score(torch.tensor(block[s : s + q]), features=True).logits
@@ -60,7 +65,8 @@ def main(paths: list[Path]) -> None:
     head = "| file | threads | flash attn | context | " + " | ".join(f"q={q}: max Δlogit (flips)" for q in QS) + " |"
     lines = [f"# Batch invariance of llama.cpp passes ({cpu})", "",
              "`docs/results/llamacpp/batch_invariance.py`: logits of 16 greedy tokens scored in q-token passes vs",
-             "one-token passes (what plain decoding runs), after the same prefill. 0 = bit-identical.", "",
+             "one-token passes (what plain decoding runs), after the same prefill. 0 = bit-identical. KV cache",
+             "F16/F16 (llama.cpp's default; hyflash's is q8_0 K, see kv_cache.md).", "",
              head, "|---|---:|---|---:|" + "---:|" * len(QS)]
     for r in rows:
         cells = " | ".join(f"{r[f'q{q}_max_diff']:.2g} ({r[f'q{q}_flips']})" for q in QS)

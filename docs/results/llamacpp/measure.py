@@ -57,10 +57,9 @@ def decode_speed(target) -> float:
 
 
 def llama_cpp_own_speed(target) -> float:
-    import llama_cpp
+    from hyflash.targets.llamacpp import llama_cpp_peer
 
-    llm = llama_cpp.Llama(str(target.path), n_ctx=2048, n_threads=target.threads, n_threads_batch=target.threads,
-                          flash_attn=target.flash_attn, verbose=False)
+    llm = llama_cpp_peer(target.path, target, n_ctx=2048)
     ids = target.encode_prompt(PROMPTS[0])
     best = 0.0
     for _ in range(2):

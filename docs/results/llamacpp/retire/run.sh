@@ -4,6 +4,7 @@
 # `default` is the shipped drafter with the n-gram lookup (hybrid); `v2` the shipped drafter alone.
 # MODEL=PATH.gguf benches another file (e.g. the F16 one from docs/results/drafter-v2/make_f16.py) with v2
 # alone: for a local file `default` names no shipped drafter. ONLY_RETIRE=1 / ONLY_KEEP=1 run one half.
+# EXTRA="--cache-type-k f16" adds bench options (here: llama.cpp's own default KV cache instead of ours).
 # Run from the repository root under ../shared/bin/heavy.
 set -euo pipefail
 out=${BENCH_OUT:-docs/results/llamacpp/retire}
@@ -16,5 +17,7 @@ fi
 common=(--backend llama.cpp "${model[@]}" --sets chat,humaneval,code --n "${N:-6}" --max-new-tokens 128
         --temperatures 0 --methods plain,ngram,llamacpp-plain --trees 0 --memory-contexts '' --threads 2
         "${drafters[@]}")
+read -r -a extra <<< "${EXTRA:-}"
+common+=("${extra[@]}")
 [ -n "${ONLY_KEEP:-}" ] || .venv/bin/hyflash bench "${common[@]}" --out "$out/retire"
 [ -n "${ONLY_RETIRE:-}" ] || .venv/bin/hyflash bench "${common[@]}" --keep-drafter --out "$out/keep"
