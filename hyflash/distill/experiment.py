@@ -64,14 +64,18 @@ def plot_runs(
             xs = [e["samples"] for e in curves[0][:n]]
             mean = smooth(list(np.mean([[e["accuracy"] for e in c[:n]] for c in curves], axis=0)), smooth_window)
             ax_acc.plot(xs, mean, color=color, lw=2.5, label=f"{method} ({len(curves)} seeds)")
-    if teacher_accuracy is not None:
+    title = "Arithmetic, held-out split"
+    top = max((max(line.get_ydata(), default=0.0) for line in ax_acc.get_lines()), default=0.0)
+    if teacher_accuracy is not None and teacher_accuracy <= 2 * top + 0.05:
         ax_acc.axhline(teacher_accuracy, color="black", ls="--", lw=1, label="teacher")
+    elif teacher_accuracy is not None:  # far above the students: a line there would flatten their curves
+        title += f" (teacher {teacher_accuracy:.3f}, off the scale)"
     if level is not None:
         ax_acc.axhline(level, color="gray", ls=":", lw=1, label="level to reach")
     if switch_at:
         for ax in (ax_acc, ax_ent):
             ax.axvline(switch_at, color=COLORS["reopold"], ls=":", lw=1, label="REOPOLD switch" if ax is ax_ent else None)
-    ax_acc.set(xlabel="samples seen", ylabel="held-out accuracy (greedy)", title="Arithmetic, held-out split")
+    ax_acc.set(xlabel="samples seen", ylabel="held-out accuracy (greedy)", title=title)
     ax_ent.set(xlabel="samples seen", ylabel="mean entropy of sampled tokens (nats)", title="Student entropy")
     ax_acc.legend(fontsize=8)
     ax_ent.legend(fontsize=8)
