@@ -68,10 +68,11 @@ def add_backend_arg(p) -> None:
     p.add_argument("--backend", default="transformers", choices=BACKENDS,
                    help="what runs the target: transformers (default) or llama.cpp (the GGUF file itself, in its "
                         "own quantisation; needs llama-cpp-python, see README)")
-    for part, default in (("k", "q8_0"), ("v", "f16")):
-        p.add_argument(f"--cache-type-{part}", choices=("f16", "q8_0", "bf16"), default=None,
-                       help=f"llama.cpp only: the KV cache's {part.upper()} type (default {default}; a q8_0 K keeps "
-                            "speculative text bit-identical to plain on any thread count, docs/engine.md)")
+    for part in ("k", "v"):
+        p.add_argument(f"--cache-type-{part}", choices=("auto", "f16", "q8_0", "bf16"), default=None,
+                       help=f"llama.cpp only: the KV cache's {part.upper()} type. auto (default): K q8_0, V f16 on a "
+                            "Q4_1 file (speculative text then stays bit-identical to plain on any thread count), "
+                            "else llama.cpp's f16 (docs/engine.md)")
 
 
 def target_options(args) -> dict:

@@ -54,9 +54,19 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 DEFAULT_N_CTX = 8192  # enough for every bench context; a model trained on less gets its own
 BATCH = 512  # tokens per llama_decode call (prefill chunk), also the physical ubatch
 FLASH_ATTN = True  # the default (see LlamaCppTarget.__init__); llama.cpp peers in the bench use the same
-# The KV cache's element types, by llama.cpp's names (its -ctk / -ctv). The default K is q8_0 (see __init__).
+# The KV cache's element types, by llama.cpp's names (its -ctk / -ctv); "auto" picks per file.
 CACHE_TYPES = {"f16": 1, "q8_0": 8, "bf16": 30}  # ggml_type ids
-CACHE_TYPE_K, CACHE_TYPE_V = "q8_0", "f16"
+LLAMA_CPP_CACHE = ("f16", "f16")  # llama.cpp's own default
+# Weight types whose multi-token passes were measured bit-identical to one-token passes once K is q8_0
+# (docs/results/llamacpp/kv_cache.md, Q4_1). Others keep llama.cpp's default: an F16 file's multi-token
+# matrix products round differently anyway, and there a q8_0 K costs up to 15% a step and is no more exact
+# (kv_cache-smollm2-135m-f16.md). Check another file with docs/results/llamacpp/kv_cache.py.
+EXACT_WITH_Q8_0_K = frozenset({"Q4_1"})
+
+
+def default_cache_types(precision: str) -> tuple[str, str]:
+    """The KV cache types "auto" means for a GGUF of this weight type (`LlamaCppTarget.precision`)."""
+    return ("q8_0", "f16") if precision in EXACT_WITH_Q8_0_K else LLAMA_CPP_CACHE
 TREE_LEAVES = 32  # most leaves of a draft tree (one sequence each: ids 1..TREE_LEAVES); 0 is the verified text
 JUNK_SEQ = TREE_LEAVES + 1  # holds rejected tree nodes' cells until they can be dropped without leaving holes
 JUNK_LIMIT = 512  # junk cells that trigger a compaction of the cache (their masked scan costs a little per pass)
@@ -175,7 +185,7 @@ def llama_cpp_peer(path: Path, target=None, **kwargs) -> "llama_cpp.Llama":
     flash attention and KV cache types of `target` (a LlamaCppTarget), or this backend's defaults (with
     torch's thread count) for any other target. It is the plain llama.cpp run hyflash's output must equal."""
     threads = getattr(target, "threads", None) or torch.get_num_threads()
-    cache_k, cache_v = getattr(target, "cache_types", (CACHE_TYPE_K, CACHE_TYPE_V))
+    cache_k, cache_v = getattr(target, "cache_types", LLAMA_CPP_CACHE)
     settings = dict(n_threads=threads, n_threads_batch=threads, flash_attn=getattr(target, "flash_attn", FLASH_ATTN),
                     type_k=CACHE_TYPES[cache_k], type_v=CACHE_TYPES[cache_v], verbose=False)
     return llama_cpp.Llama(str(path), **(settings | kwargs))
@@ -200,11 +210,11 @@ class LlamaCppTarget(BaseTarget):
     def __init__(self, gguf_path: str | Path, tokenizer=None, feature_layers: tuple[int, ...] | None = None,
                  name: str = "", n_ctx: int | None = None, n_threads: int | None = None,
                  flash_attn: bool = FLASH_ATTN, record_features: bool = True,
-                 cache_type_k: str = CACHE_TYPE_K, cache_type_v: str = CACHE_TYPE_V):
+                 cache_type_k: str = "auto", cache_type_v: str = "auto"):
         path = Path(gguf_path).expanduser()
         for what, kind in (("cache_type_k", cache_type_k), ("cache_type_v", cache_type_v)):
-            if kind not in CACHE_TYPES:
-                raise HyflashError(f"unknown KV cache type {what}={kind!r}: use one of {', '.join(CACHE_TYPES)}")
+            if kind != "auto" and kind not in CACHE_TYPES:
+                raise HyflashError(f"unknown KV cache type {what}={kind!r}: use auto or one of {', '.join(CACHE_TYPES)}")
         if not path.is_file():
             raise HyflashError(f"no GGUF file at {path}: pass a built-in model name or an existing .gguf file")
         _init_backend()
@@ -262,14 +272,17 @@ class LlamaCppTarget(BaseTarget):
         cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
                                    else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         self.flash_attn = flash_attn
-        # K in q8_0 by default because it makes speculative decoding exact on any thread count: a one-token FA
-        # pass over 512+ cells with an F16 (or F32) K and V of one type splits the cells across threads and
-        # merges partial sums, so it rounds differently from the multi-token pass that verifies a draft; with
-        # q8_0 K every pass takes the same per-row path (docs/results/llamacpp/kv_cache.md: bit-identical at
-        # 2 threads, 300-1,000 tokens, where F16/F16 differs by up to 0.9 logits). llama.cpp's own default is
-        # F16/F16: a plain llama.cpp run compared with this one must use the same types, as the bench peers do.
-        cparams.type_k, cparams.type_v = CACHE_TYPES[cache_type_k], CACHE_TYPES[cache_type_v]
-        self.cache_types = (cache_type_k, cache_type_v)
+        # "auto" is K in q8_0 for a Q4_1 file because that makes speculative decoding exact on any thread
+        # count: a one-token FA pass over 512+ cells with an F16 (or F32) K and V of one type splits the cells
+        # across threads and merges partial sums, so it rounds differently from the multi-token pass that
+        # verifies a draft; with q8_0 K every pass takes the same per-row path (docs/results/llamacpp/
+        # kv_cache.md: bit-identical at 2 threads, 300-1,000 tokens, where F16/F16 differs by up to 0.9
+        # logits; see default_cache_types for other files). A plain llama.cpp run compared with this one must
+        # use the same types, as the bench peers do (llama_cpp_peer).
+        auto = default_cache_types(self.precision)
+        self.cache_types = (auto[0] if cache_type_k == "auto" else cache_type_k,
+                            auto[1] if cache_type_v == "auto" else cache_type_v)
+        cparams.type_k, cparams.type_v = (CACHE_TYPES[t] for t in self.cache_types)
         # A sliding-window cache prunes cells it thinks are dead; rollback must find the last block's cells.
         cparams.swa_full = True
         # The callback is asked about every graph node of every pass (Python calls): plain decoding is ~9%

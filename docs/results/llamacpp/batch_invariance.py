@@ -66,7 +66,7 @@ def main(paths: list[Path]) -> None:
     lines = [f"# Batch invariance of llama.cpp passes ({cpu})", "",
              "`docs/results/llamacpp/batch_invariance.py`: logits of 16 greedy tokens scored in q-token passes vs",
              "one-token passes (what plain decoding runs), after the same prefill. 0 = bit-identical. KV cache",
-             "F16/F16 (llama.cpp's default; hyflash's is q8_0 K, see kv_cache.md).", "",
+             "F16/F16 (llama.cpp's default; hyflash's on Q4_1 is q8_0 K, see kv_cache.md).", "",
              head, "|---|---:|---|---:|" + "---:|" * len(QS)]
     for r in rows:
         cells = " | ".join(f"{r[f'q{q}_max_diff']:.2g} ({r[f'q{q}_flips']})" for q in QS)

@@ -1,8 +1,8 @@
 """Which KV cache types make llama.cpp passes batch-invariant, and what each costs (issue 13's identity bar).
 
-    ../shared/bin/heavy .venv/bin/python docs/results/llamacpp/kv_cache.py [ROUNDS]
+    ../shared/bin/heavy .venv/bin/python docs/results/llamacpp/kv_cache.py [ROUNDS [GGUF]]
 
-On the shipped SmolLM2 Q4_1 at 2 threads (flash attention on, the backend's default) and each K/V type pair:
+On the shipped SmolLM2 Q4_1 (or GGUF: then the files are named kv_cache-<file stem>.*) at 2 threads (flash attention on, the backend's default) and each K/V type pair:
   - exactness: `batch_invariance.measure` (16 greedy tokens scored one per pass vs in q-token passes, at
     300 and 1,000 tokens of context): the largest logit difference and the argmax flips;
   - cost: a one-token pass (plain decoding's step) and an 8-token pass (a draft's verification) at 100 /
@@ -49,8 +49,9 @@ def timings(target: LlamaCppTarget, ids: list[int], ctx: int) -> tuple[float, fl
     return one * 1e3, eight * 1e3
 
 
-def main(rounds: int) -> None:
-    path = gguf_path("smollm2-135m")
+def main(rounds: int, path: Path | None = None) -> None:
+    stem = "kv_cache" if path is None else f"kv_cache-{path.stem}"
+    path = path or gguf_path("smollm2-135m")
     exact = {}
     for k, v in PAIRS:
         rows = measure(path, THREADS, True, contexts=(300, 1000), cache_type_k=k, cache_type_v=v)
@@ -69,10 +70,10 @@ def main(rounds: int) -> None:
     cost = {name: {ctx: {"one_token_ms": statistics.median(a), "eight_token_ms": statistics.median(b)}
                    for ctx, (a, b) in per.items()} for name, per in samples.items()}
     cpu = cpu_description()[0]
-    (HERE / "kv_cache.json").write_text(json.dumps({"cpu": cpu, "threads": THREADS, "rounds": rounds,
+    (HERE / f"{stem}.json").write_text(json.dumps({"cpu": cpu, "threads": THREADS, "rounds": rounds,
                                                     "exactness": exact, "cost": cost}, indent=1))
     head = " | ".join(f"{c}: 1 tok / 8 tok" for c in CONTEXTS)
-    lines = [f"# llama.cpp KV cache types: batch invariance and cost ({cpu}, {THREADS} threads, Q4_1, flash attention)",
+    lines = [f"# llama.cpp KV cache types: batch invariance and cost ({cpu}, {THREADS} threads, {path.name}, flash attention)",
              "", "`docs/results/llamacpp/kv_cache.py`. Exactness: 16 greedy tokens scored in 8-token passes vs one-token",
              "passes (plain decoding), largest logit difference (argmax flips); 0 = bit-identical. Cost: ms per pass,",
              f"median of {rounds} interleaved rounds, by tokens of context.", "",
@@ -82,9 +83,9 @@ def main(rounds: int) -> None:
         cells = " | ".join(f"{cost[name][c]['one_token_ms']:.2f} / {cost[name][c]['eight_token_ms']:.1f}" for c in CONTEXTS)
         lines.append(f"| {name} | {e[300]['max_diff']:.2g} ({e[300]['flips']}) | "
                      f"{e[1000]['max_diff']:.2g} ({e[1000]['flips']}) | {cells} |")
-    (HERE / "kv_cache.md").write_text("\n".join(lines) + "\n")
+    (HERE / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 5)
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 5, Path(sys.argv[2]) if len(sys.argv) > 2 else None)
