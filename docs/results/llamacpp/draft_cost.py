@@ -1,6 +1,8 @@
 """What one draft of the shipped drafter costs on the llama.cpp backend, next to a target step.
 
-    ../shared/bin/heavy .venv/bin/python docs/results/llamacpp/draft_cost.py
+    ../shared/bin/heavy .venv/bin/python docs/results/llamacpp/draft_cost.py [GGUF]
+
+(GGUF: another file of the same model, e.g. cache/smollm2-135m-f16.gguf; results in draft_cost-<stem>.*)
 
 The shipped SmolLM2 Q4_1 GGUF with 300 tokens of context (hyflash's own source). Median of 60 of each:
 - a one-token and an eight-token target pass (features on, as in speculative decoding);
@@ -78,8 +80,21 @@ def ingest_after(setup, drafter, ids, features, n: int = 60) -> float:
     return median_ms(samples)
 
 
-def main() -> None:
-    target = LlamaCppTarget(gguf_path("smollm2-135m"), n_threads=2)
+def write_report(rows: list[dict], cpu: str, file_name: str, stem: str) -> None:
+    (HERE / f"{stem}.json").write_text(json.dumps({"cpu": cpu, "file": file_name, "rows": rows}, indent=1))
+    keys = list(rows[0])
+    lines = [f"# One draft on the llama.cpp backend ({cpu}, llama.cpp on 2 threads, {file_name}, 300 tokens of context)",
+             "", "`docs/results/llamacpp/draft_cost.py`; medians of 60 (draft after a target pass: 200, the two paths taking turns), milliseconds.", "",
+             "| " + " | ".join(k.replace("_", " ") for k in keys) + " |", "|" + "---:|" * len(keys)]
+    lines += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
+    (HERE / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main(path: Path | None = None) -> None:
+    stem = "draft_cost" if path is None else f"draft_cost-{path.stem}"
+    gguf = path or gguf_path("smollm2-135m")
+    target = LlamaCppTarget(gguf, n_threads=2)
     folder = ROOT / "hyflash" / "assets" / "drafters" / "smollm2-135m"
     general = DrafterState(DrafterModel.from_pretrained(folder, target, dtype=inference_dtype(target)), fast=False)
     paths = {"fast (shipped)": load_drafter_for_target(folder, target), "general": general.quantize_int8()}
@@ -123,16 +138,10 @@ def main() -> None:
                 (row["draft_after_target_pass_ms"] + row["ingest_3_after_target_pass_ms"]) / row["target_pass_1_ms"], 3)
             rows.append(row)
             print(row, flush=True)
-    cpu = cpu_description()[0]
-    (HERE / "draft_cost.json").write_text(json.dumps({"cpu": cpu, "rows": rows}, indent=1))
-    keys = list(rows[0])
-    lines = [f"# One draft on the llama.cpp backend ({cpu}, llama.cpp on 2 threads, Q4_1, 300 tokens of context)",
-             "", "`docs/results/llamacpp/draft_cost.py`; medians of 60 (draft after a target pass: 200, the two paths taking turns), milliseconds.", "",
-             "| " + " | ".join(k.replace("_", " ") for k in keys) + " |", "|" + "---:|" * len(keys)]
-    lines += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
-    (HERE / "draft_cost.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(rows, cpu_description()[0], gguf.name, stem)
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else None)
