@@ -63,13 +63,13 @@ MODEL_HELP = "built-in name (smollm2-135m, gemma3-270m), a Hugging Face folder, 
 
 
 def add_backend_arg(p) -> None:
-    from hyflash.targets import BACKENDS
+    from hyflash.targets import BACKENDS, CACHE_TYPES
 
     p.add_argument("--backend", default="transformers", choices=BACKENDS,
                    help="what runs the target: transformers (default) or llama.cpp (the GGUF file itself, in its "
                         "own quantisation; needs llama-cpp-python, see README)")
     for part in ("k", "v"):
-        p.add_argument(f"--cache-type-{part}", choices=("auto", "f16", "q8_0", "bf16"), default=None,
+        p.add_argument(f"--cache-type-{part}", choices=("auto", *CACHE_TYPES), default=None,
                        help=f"llama.cpp only: the KV cache's {part.upper()} type. auto (default): K q8_0, V f16 on a "
                             "Q4_1 file (speculative text then stays bit-identical to plain on any thread count), "
                             "else llama.cpp's f16 (docs/engine.md)")

@@ -22,10 +22,13 @@ from hyflash.targets.base import (
 from hyflash.targets.hf import DTYPES, PREFILL_CHUNK, FeatureRecorder, Target, resolve_model_path
 
 BACKENDS = ("transformers", "llama.cpp")
+# The llama.cpp backend's KV cache element types, by llama.cpp's names (its -ctk / -ctv) -> ggml_type ids;
+# here, not in llamacpp.py, so the command line can offer them without importing llama-cpp-python.
+CACHE_TYPES = {"f16": 1, "q8_0": 8, "bf16": 30}
 
 __all__ = [
-    "BACKENDS", "BUILTIN_MODELS", "DEFAULT_MODEL", "DTYPES", "PREFILL_CHUNK", "BaseTarget", "FeatureRecorder",
-    "Target", "TargetOutput", "builtin_gguf", "cache_root", "default_feature_layers", "gguf_path",
+    "BACKENDS", "BUILTIN_MODELS", "CACHE_TYPES", "DEFAULT_MODEL", "DTYPES", "PREFILL_CHUNK", "BaseTarget",
+    "FeatureRecorder", "Target", "TargetOutput", "builtin_gguf", "cache_root", "default_feature_layers", "gguf_path",
     "check_options", "load_target", "resolve_model_path",
 ]
 

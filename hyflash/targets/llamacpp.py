@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from hyflash.errors import HyflashError
+from hyflash.targets import CACHE_TYPES
 from hyflash.targets.base import (
     BUILTIN_MODELS,
     DEFAULT_MODEL,
@@ -54,24 +55,22 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 DEFAULT_N_CTX = 8192  # enough for every bench context; a model trained on less gets its own
 BATCH = 512  # tokens per llama_decode call (prefill chunk), also the physical ubatch
 FLASH_ATTN = True  # the default (see LlamaCppTarget.__init__); llama.cpp peers in the bench use the same
-# The KV cache's element types, by llama.cpp's names (its -ctk / -ctv); "auto" picks per file.
-CACHE_TYPES = {"f16": 1, "q8_0": 8, "bf16": 30}  # ggml_type ids
 LLAMA_CPP_CACHE = ("f16", "f16")  # llama.cpp's own default
 # Weight types whose multi-token passes were measured bit-identical to one-token passes once K is q8_0
 # (docs/results/llamacpp/kv_cache.md, Q4_1). Others keep llama.cpp's default: an F16 file's multi-token
 # matrix products round differently anyway, and there a q8_0 K costs up to 15% a step and is no more exact
 # (kv_cache-smollm2-135m-f16.md). Check another file with docs/results/llamacpp/kv_cache.py.
 EXACT_WITH_Q8_0_K = frozenset({"Q4_1"})
-
-
-def default_cache_types(precision: str) -> tuple[str, str]:
-    """The KV cache types "auto" means for a GGUF of this weight type (`LlamaCppTarget.precision`)."""
-    return ("q8_0", "f16") if precision in EXACT_WITH_Q8_0_K else LLAMA_CPP_CACHE
 TREE_LEAVES = 32  # most leaves of a draft tree (one sequence each: ids 1..TREE_LEAVES); 0 is the verified text
 JUNK_SEQ = TREE_LEAVES + 1  # holds rejected tree nodes' cells until they can be dropped without leaving holes
 JUNK_LIMIT = 512  # junk cells that trigger a compaction of the cache (their masked scan costs a little per pass)
 
 _backend_ready = False
+
+
+def default_cache_types(precision: str) -> tuple[str, str]:
+    """The KV cache types "auto" means for a GGUF of this weight type (`LlamaCppTarget.precision`)."""
+    return ("q8_0", "f16") if precision in EXACT_WITH_Q8_0_K else LLAMA_CPP_CACHE
 
 
 def _ggml_lib() -> ctypes.CDLL:
