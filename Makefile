@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LLAMACPP_STAMP := $(VENV)/.installed-llamacpp
 
-.PHONY: venv demo test bench-quick clean
+.PHONY: venv demo test bench-quick clean FORCE
 
 venv: $(STAMP) $(LLAMACPP_STAMP)
 
@@ -17,11 +17,23 @@ $(STAMP): requirements.txt requirements-models.txt pyproject.toml
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
-# Optional and slow (a C++ build): a stamp of its own, so this step never reinstalls the rest (and on a venv that
-# already has llama-cpp-python it is a no-op), and a failed build warns instead of failing `make test`.
-$(LLAMACPP_STAMP): requirements-llamacpp.txt $(STAMP)
+# Optional and slow (a C++ build): a stamp of its own, so this step never reinstalls the rest, and a failed build
+# warns instead of failing `make test`. Built without llamafile's sgemm (LLAMA_CMAKE_ARGS): with it, an F16
+# file's multi-token passes round differently from one-token passes, so speculative text can differ from plain
+# text there (docs/engine.md). `make venv LLAMA_CMAKE_ARGS=` keeps llama.cpp's default build. --force-reinstall
+# and --no-cache-dir: a llama-cpp-python already installed, or a wheel pip cached, may have been built otherwise.
+LLAMA_CMAKE_ARGS ?= -DGGML_LLAMAFILE=OFF
+LLAMA_ARGS_FILE := $(VENV)/.llamacpp-cmake-args
+# Rewritten only when the arguments change, so that a change rebuilds llama-cpp-python and nothing else does.
+$(LLAMA_ARGS_FILE): FORCE
+	@mkdir -p $(VENV)
+	@echo '$(LLAMA_CMAKE_ARGS)' | cmp -s - $@ || echo '$(LLAMA_CMAKE_ARGS)' > $@
+
+$(LLAMACPP_STAMP): requirements-llamacpp.txt $(LLAMA_ARGS_FILE) $(STAMP)
 	@echo "installing llama-cpp-python (builds llama.cpp from source: about 4-6 minutes on 2 cores) ..."
-	$(BIN)/pip install --quiet -r requirements-llamacpp.txt || \
+	( CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --quiet --no-cache-dir --force-reinstall --no-deps \
+	    --no-binary llama-cpp-python -r requirements-llamacpp.txt && \
+	  $(BIN)/pip install --quiet -r requirements-llamacpp.txt ) || \
 	  echo "warning: llama-cpp-python did not build; --backend llama.cpp and its tests are skipped (retry: rm $(LLAMACPP_STAMP) && make venv)" >&2
 	touch $(LLAMACPP_STAMP)
 

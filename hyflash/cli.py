@@ -70,9 +70,10 @@ def add_backend_arg(p) -> None:
                         "own quantisation; needs llama-cpp-python, see README)")
     for part in ("k", "v"):
         p.add_argument(f"--cache-type-{part}", choices=("auto", *CACHE_TYPES), default=None,
-                       help=f"llama.cpp only: the KV cache's {part.upper()} type. auto (default): K q8_0, V f16 on a "
-                            "Q4_1 file (speculative text then stays bit-identical to plain on any thread count), "
-                            "else llama.cpp's f16 (docs/engine.md)")
+                       help=f"llama.cpp only: the KV cache's {part.upper()} type. auto (default): K q8_0, V f16 where "
+                            "that keeps speculative text bit-identical to plain on any thread count (a Q4_1 file; "
+                            "F16 and Q8_0 too on a llama.cpp built without llamafile, as make venv builds it), else "
+                            "llama.cpp's f16 (docs/engine.md)")
 
 
 def target_options(args) -> dict:

@@ -457,12 +457,18 @@ def test_cli_generate_tree_on_llama_cpp_equals_llama_cpps_own_greedy(capsys, mon
 
 
 def test_the_kv_cache_types_auto_picks_and_explicit_ones_win(lcpp):
-    """auto: q8_0 K where that was measured to make passes batch-invariant (Q4_1), llama.cpp's own F16/F16
-    elsewhere (an F16 file rounds differently anyway, and a q8_0 K only costs there); explicit types win."""
-    from hyflash.targets.llamacpp import LLAMA_CPP_CACHE, LlamaCppTarget, default_cache_types
+    """auto: q8_0 K where that was measured to make passes batch-invariant (Q4_1 on any build, F16 on a build
+    without llamafile's sgemm), llama.cpp's own F16/F16 elsewhere (with llamafile an F16 file rounds
+    differently anyway, and a q8_0 K only costs there); explicit types win."""
+    from hyflash.targets.llamacpp import LLAMA_CPP_CACHE, LlamaCppTarget, default_cache_types, matmul_kernels
 
     assert lcpp.precision == "Q4_1" and lcpp.cache_types == default_cache_types("Q4_1") == ("q8_0", "f16")
-    assert default_cache_types("F16") == LLAMA_CPP_CACHE == ("f16", "f16")
+    assert default_cache_types("Q4_1", "llamafile") == default_cache_types("Q4_1", "ggml") == ("q8_0", "f16")
+    assert default_cache_types("F16", "llamafile") == LLAMA_CPP_CACHE == ("f16", "f16")
+    assert default_cache_types("F16", "ggml") == default_cache_types("Q8_0", "ggml") == ("q8_0", "f16")
+    assert default_cache_types("Q8_0", "llamafile") == default_cache_types("Q5_K - Medium", "ggml") == LLAMA_CPP_CACHE
+    assert default_cache_types("F16") == default_cache_types("F16", matmul_kernels())
+    assert lcpp.calibration_identity()["kernels"] == matmul_kernels()
     explicit = LlamaCppTarget.load("smollm2-135m", n_threads=1, record_features=False, cache_type_k="f16")
     assert explicit.cache_types == ("f16", "f16")
     with pytest.raises(HyflashError, match="unknown KV cache type"):

@@ -56,11 +56,13 @@ DEFAULT_N_CTX = 8192  # enough for every bench context; a model trained on less 
 BATCH = 512  # tokens per llama_decode call (prefill chunk), also the physical ubatch
 FLASH_ATTN = True  # the default (see LlamaCppTarget.__init__); llama.cpp peers in the bench use the same
 LLAMA_CPP_CACHE = ("f16", "f16")  # llama.cpp's own default
-# Weight types whose multi-token passes were measured bit-identical to one-token passes once K is q8_0
-# (docs/results/llamacpp/kv_cache.md, Q4_1). Others keep llama.cpp's default: an F16 file's multi-token
-# matrix products round differently anyway, and there a q8_0 K costs up to 15% a step and is no more exact
-# (kv_cache-smollm2-135m-f16.md). Check another file with docs/results/llamacpp/kv_cache.py.
-EXACT_WITH_Q8_0_K = frozenset({"Q4_1"})
+# Weight types whose multi-token passes were measured bit-identical to one-token passes once K is q8_0, by the
+# llama.cpp build's matrix products (docs/results/llamacpp/kv_cache*.md). With llamafile's sgemm (stock pip
+# builds) an F16 file's multi-token products round differently from its one-token ones whatever the cache,
+# and there a q8_0 K only costs (up to 15% a step), so it keeps llama.cpp's default; `make venv` builds
+# without llamafile, and then F16 and Q8_0 are exact too. Check another file with
+# docs/results/llamacpp/kv_cache.py.
+EXACT_WITH_Q8_0_K = {"llamafile": frozenset({"Q4_1"}), "ggml": frozenset({"Q4_1", "Q8_0", "F16"})}
 TREE_LEAVES = 32  # most leaves of a draft tree (one sequence each: ids 1..TREE_LEAVES); 0 is the verified text
 JUNK_SEQ = TREE_LEAVES + 1  # holds rejected tree nodes' cells until they can be dropped without leaving holes
 JUNK_LIMIT = 512  # junk cells that trigger a compaction of the cache (their masked scan costs a little per pass)
@@ -68,9 +70,17 @@ JUNK_LIMIT = 512  # junk cells that trigger a compaction of the cache (their mas
 _backend_ready = False
 
 
-def default_cache_types(precision: str) -> tuple[str, str]:
-    """The KV cache types "auto" means for a GGUF of this weight type (`LlamaCppTarget.precision`)."""
-    return ("q8_0", "f16") if precision in EXACT_WITH_Q8_0_K else LLAMA_CPP_CACHE
+def matmul_kernels() -> str:
+    """ "llamafile" when this llama.cpp build multiplies with llamafile's sgemm (llama.cpp's default build
+    option GGML_LLAMAFILE, which pip's stock build keeps), else "ggml" (its own kernels only)."""
+    return "llamafile" if b"LLAMAFILE = 1" in llama_cpp.llama_print_system_info() else "ggml"
+
+
+def default_cache_types(precision: str, kernels: str | None = None) -> tuple[str, str]:
+    """The KV cache types "auto" means for a GGUF of this weight type (`LlamaCppTarget.precision`) on a build
+    with these `matmul_kernels()` (default: the installed build's)."""
+    exact = EXACT_WITH_Q8_0_K[kernels or matmul_kernels()]
+    return ("q8_0", "f16") if precision in exact else LLAMA_CPP_CACHE
 
 
 def _ggml_lib() -> ctypes.CDLL:
@@ -370,10 +380,12 @@ class LlamaCppTarget(BaseTarget):
         return parts[2] if len(parts) == 3 else "gguf"
 
     def calibration_identity(self) -> dict:
-        """What, besides the CPU, makes a cost curve of this target valid: llama.cpp's version, the file
-        (a fingerprint, so a re-quantised file under the same name is measured afresh) and the settings that
-        change a pass's cost (threads, flash attention, the eval callback, the KV cache's types)."""
-        return {"backend": self.backend, "llama_cpp": llama_cpp.__version__, "gguf": file_fingerprint(self.path),
+        """What, besides the CPU, makes a cost curve of this target valid: llama.cpp's version and build (its
+        matrix kernels), the file (a fingerprint, so a re-quantised file under the same name is measured
+        afresh) and the settings that change a pass's cost (threads, flash attention, the eval callback, the
+        KV cache's types)."""
+        return {"backend": self.backend, "llama_cpp": llama_cpp.__version__, "kernels": matmul_kernels(),
+                "gguf": file_fingerprint(self.path),
                 "threads": self.threads, "flash_attn": self.flash_attn, "eval_callback": self.record_features,
                 "cache_types": list(self.cache_types)}
 

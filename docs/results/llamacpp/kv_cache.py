@@ -7,7 +7,8 @@ On the shipped SmolLM2 Q4_1 (or GGUF: then the files are named kv_cache-<file st
     300 and 1,000 tokens of context): the largest logit difference and the argmax flips;
   - cost: a one-token pass (plain decoding's step) and an 8-token pass (a draft's verification) at 100 /
     500 / 1,000 / 2,000 tokens of context; the pairs take turns within each round, medians over rounds.
-Writes kv_cache.json and kv_cache.md next to this file.
+Writes kv_cache.json and kv_cache.md next to this file; on a llama.cpp built without llamafile's sgemm (as
+`make venv` builds it) the names end in -no-llamafile.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 
 from batch_invariance import measure
 from hyflash.calibration import cpu_description
-from hyflash.targets.llamacpp import LlamaCppTarget, gguf_path
+from hyflash.targets.llamacpp import LlamaCppTarget, gguf_path, matmul_kernels
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -50,7 +51,8 @@ def timings(target: LlamaCppTarget, ids: list[int], ctx: int) -> tuple[float, fl
 
 
 def main(rounds: int, path: Path | None = None) -> None:
-    stem = "kv_cache" if path is None else f"kv_cache-{path.stem}"
+    stem = ("kv_cache" if path is None else f"kv_cache-{path.stem}") + ("-no-llamafile" if matmul_kernels() == "ggml" else "")
+    build = " — llama.cpp built without llamafile's sgemm" if matmul_kernels() == "ggml" else ""
     path = path or gguf_path("smollm2-135m")
     exact = {}
     for k, v in PAIRS:
@@ -73,7 +75,7 @@ def main(rounds: int, path: Path | None = None) -> None:
     (HERE / f"{stem}.json").write_text(json.dumps({"cpu": cpu, "threads": THREADS, "rounds": rounds,
                                                     "exactness": exact, "cost": cost}, indent=1))
     head = " | ".join(f"{c}: 1 tok / 8 tok" for c in CONTEXTS)
-    lines = [f"# llama.cpp KV cache types: batch invariance and cost ({cpu}, {THREADS} threads, {path.name}, flash attention)",
+    lines = [f"# llama.cpp KV cache types: batch invariance and cost ({cpu}, {THREADS} threads, {path.name}, flash attention){build}",
              "", "`docs/results/llamacpp/kv_cache.py`. Exactness: 16 greedy tokens scored in 8-token passes vs one-token",
              "passes (plain decoding), largest logit difference (argmax flips); 0 = bit-identical. Cost: ms per pass,",
              f"median of {rounds} interleaved rounds, by tokens of context.", "",
