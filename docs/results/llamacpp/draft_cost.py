@@ -2,7 +2,8 @@
 
     ../shared/bin/heavy .venv/bin/python docs/results/llamacpp/draft_cost.py [GGUF]
 
-(GGUF: another file of the same model, e.g. cache/smollm2-135m-f16.gguf; results in draft_cost-<stem>.*)
+(GGUF: another file of the same model, e.g. cache/smollm2-135m-f16.gguf; results in draft_cost-<stem>.*; on a
+llama.cpp built without llamafile's sgemm, as `make venv` builds it, the names end in -no-llamafile)
 
 The shipped SmolLM2 Q4_1 GGUF with 300 tokens of context (hyflash's own source). Median of 60 of each:
 - a one-token and an eight-token target pass (features on, as in speculative decoding);
@@ -34,7 +35,7 @@ from hyflash.drafters.loading import inference_dtype, load_drafter_for_target
 from hyflash.drafters.model import DrafterModel
 from hyflash.drafters.state import DrafterState
 from hyflash.sampling import SamplingConfig
-from hyflash.targets.llamacpp import LlamaCppTarget, gguf_path
+from hyflash.targets.llamacpp import LlamaCppTarget, gguf_path, matmul_kernels
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -92,7 +93,7 @@ def write_report(rows: list[dict], cpu: str, file_name: str, stem: str) -> None:
 
 
 def main(path: Path | None = None) -> None:
-    stem = "draft_cost" if path is None else f"draft_cost-{path.stem}"
+    stem = ("draft_cost" if path is None else f"draft_cost-{path.stem}") + ("-no-llamafile" if matmul_kernels() == "ggml" else "")
     gguf = path or gguf_path("smollm2-135m")
     target = LlamaCppTarget(gguf, n_threads=2)
     folder = ROOT / "hyflash" / "assets" / "drafters" / "smollm2-135m"
