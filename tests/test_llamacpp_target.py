@@ -457,8 +457,8 @@ def test_cli_generate_tree_on_llama_cpp_equals_llama_cpps_own_greedy(capsys, mon
 
 
 def test_the_kv_cache_types_auto_picks_and_explicit_ones_win(lcpp):
-    """auto: q8_0 K where that was measured to make passes batch-invariant (Q4_1 on any build, F16 on a build
-    without llamafile's sgemm), llama.cpp's own F16/F16 elsewhere (with llamafile an F16 file rounds
+    """auto: q8_0 K where that was measured to make passes batch-invariant (Q4_1 on any build, F16 and Q8_0 on a
+    build without llamafile's sgemm), llama.cpp's own F16/F16 elsewhere (with llamafile an F16 file rounds
     differently anyway, and a q8_0 K only costs there); explicit types win."""
     from hyflash.targets.llamacpp import LLAMA_CPP_CACHE, LlamaCppTarget, default_cache_types, matmul_kernels
 

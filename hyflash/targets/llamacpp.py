@@ -24,6 +24,7 @@ chat templates are identical across backends; an arbitrary .gguf uses llama.cpp'
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import math
@@ -70,6 +71,7 @@ JUNK_LIMIT = 512  # junk cells that trigger a compaction of the cache (their mas
 _backend_ready = False
 
 
+@functools.cache  # a property of the loaded library, which a process cannot swap
 def matmul_kernels() -> str:
     """ "llamafile" when this llama.cpp build multiplies with llamafile's sgemm (llama.cpp's default build
     option GGML_LLAMAFILE, which pip's stock build keeps), else "ggml" (its own kernels only)."""

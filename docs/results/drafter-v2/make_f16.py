@@ -17,10 +17,14 @@ folder, name = builtin_gguf("smollm2-135m")
 out = sys.argv[1]
 if not os.path.exists(out):
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{sys.argv[2] if len(sys.argv) > 2 else 'F16'}")
+    file_type = sys.argv[2] if len(sys.argv) > 2 else "F16"
+    known = sorted(n.removeprefix("LLAMA_FTYPE_MOSTLY_") for n in dir(llama_cpp) if n.startswith("LLAMA_FTYPE_MOSTLY_"))
+    if file_type not in known:
+        sys.exit(f"unknown llama.cpp file type {file_type!r}: use one of {', '.join(known)}")
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{file_type}")
     params.allow_requantize = True
     tmp = out + ".tmp"
     if llama_cpp.llama_model_quantize(str(folder / name).encode(), tmp.encode(), ctypes.byref(params)) != 0:
-        sys.exit(f"llama.cpp could not convert {folder / name} to {params.ftype}")
+        sys.exit(f"llama.cpp could not convert {folder / name} to {file_type}")
     os.replace(tmp, out)
 print(out)

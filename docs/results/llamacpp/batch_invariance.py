@@ -18,13 +18,21 @@ from pathlib import Path
 import torch
 
 from hyflash.calibration import cpu_description
-from hyflash.targets.llamacpp import LlamaCppTarget, gguf_path
+from hyflash.targets.llamacpp import LlamaCppTarget, gguf_path, matmul_kernels
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 CONTEXTS = (90, 300, 600, 1000)
 QS = (2, 8, 16)
 NEW = 16
+
+
+def result_stem(name: str, path: Path | None) -> str:
+    """The file stem the llamacpp/ scripts write their results under: `name`, `-<GGUF stem>` for a file other
+    than the shipped one, and `-no-llamafile` on a llama.cpp built without llamafile's sgemm (as `make venv`
+    builds it), so that results of the two builds sit side by side."""
+    stem = name if path is None else f"{name}-{path.stem}"
+    return stem + ("-no-llamafile" if matmul_kernels() == "ggml" else "")
 
 
 def measure(path: Path, threads: int, flash_attn: bool, contexts=CONTEXTS, cache_type_k: str = "f16",

@@ -29,13 +29,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from batch_invariance import result_stem
 from hyflash.calibration import cpu_description
 from hyflash.drafters.cli import trim_draft_vocab
 from hyflash.drafters.loading import inference_dtype, load_drafter_for_target
 from hyflash.drafters.model import DrafterModel
 from hyflash.drafters.state import DrafterState
 from hyflash.sampling import SamplingConfig
-from hyflash.targets.llamacpp import LlamaCppTarget, gguf_path, matmul_kernels
+from hyflash.targets.llamacpp import LlamaCppTarget, gguf_path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -93,7 +94,7 @@ def write_report(rows: list[dict], cpu: str, file_name: str, stem: str) -> None:
 
 
 def main(path: Path | None = None) -> None:
-    stem = ("draft_cost" if path is None else f"draft_cost-{path.stem}") + ("-no-llamafile" if matmul_kernels() == "ggml" else "")
+    stem = result_stem("draft_cost", path)
     gguf = path or gguf_path("smollm2-135m")
     target = LlamaCppTarget(gguf, n_threads=2)
     folder = ROOT / "hyflash" / "assets" / "drafters" / "smollm2-135m"

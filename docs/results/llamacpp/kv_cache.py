@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from batch_invariance import measure
+from batch_invariance import measure, result_stem
 from hyflash.calibration import cpu_description
-from hyflash.targets.llamacpp import LlamaCppTarget, gguf_path, matmul_kernels
+from hyflash.targets.llamacpp import LlamaCppTarget, gguf_path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -51,8 +51,8 @@ def timings(target: LlamaCppTarget, ids: list[int], ctx: int) -> tuple[float, fl
 
 
 def main(rounds: int, path: Path | None = None) -> None:
-    stem = ("kv_cache" if path is None else f"kv_cache-{path.stem}") + ("-no-llamafile" if matmul_kernels() == "ggml" else "")
-    build = " — llama.cpp built without llamafile's sgemm" if matmul_kernels() == "ggml" else ""
+    stem = result_stem("kv_cache", path)
+    build = " — llama.cpp built without llamafile's sgemm" if stem.endswith("-no-llamafile") else ""
     path = path or gguf_path("smollm2-135m")
     exact = {}
     for k, v in PAIRS:
