@@ -37,6 +37,15 @@ class SamplingConfig:
         return self.temperature == 0
 
 
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """`x.argmax(-1)` (first maximum, NaN counting as the maximum). On the CPU through NumPy: torch's CPU
+    argmax is not vectorised, 32 us for one row of a 49k vocabulary against NumPy's 4 us (245 vs 24 us for
+    8 rows), and it runs on every target pass and every draft."""
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
+        return x.argmax(-1)
+    return torch.as_tensor(x.detach().numpy().argmax(-1), dtype=torch.long)
+
+
 def logits_to_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
     """Warp logits [..., V] by temperature, top-k and top-p; return float32 probabilities.
 
@@ -45,7 +54,7 @@ def logits_to_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Ten
     """
     logits = logits.float()
     if sampling.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+        return torch.nn.functional.one_hot(argmax(logits), logits.shape[-1]).float()
     logits = logits / sampling.temperature
     if sampling.top_k and sampling.top_k < logits.shape[-1]:
         kth = torch.topk(logits, sampling.top_k, dim=-1).values[..., -1:]
@@ -89,7 +98,7 @@ def verify_block(
         raise ValueError(f"verify_block got tensors on several devices ({', '.join(map(str, devices))}): "
                          "move drafts to the target's device first")
     if sampling.greedy:
-        best = target_probs.argmax(-1)
+        best = argmax(target_probs)
         n = 0
         while n < k and int(draft_tokens[n]) == int(best[n]):
             n += 1

@@ -7,13 +7,15 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from conftest import tiny_llama
 from drafters_for_tests import RandomDrafter
 
 from hyflash import sampling as sampling_module
 from hyflash.decoding import generate
 from hyflash.errors import HyflashError
-from hyflash.sampling import SamplingConfig, logits_to_probs, verify_block
+from hyflash.sampling import SamplingConfig, argmax, logits_to_probs, verify_block
 from hyflash.targets import Target
 
 
@@ -21,6 +23,21 @@ def test_config_rejects_bad_values():
     for kwargs in ({"temperature": -0.1}, {"top_p": 0.0}, {"top_p": 1.5}, {"top_k": -1}):
         with pytest.raises(HyflashError):
             SamplingConfig(**kwargs)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 5), vocab=st.integers(1, 300), ties=st.booleans(), nan=st.booleans(),
+       dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16]), seed=st.integers(0, 2**16))
+def test_argmax_is_torchs_first_maximum(rows, vocab, ties, nan, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, vocab, generator=g).to(dtype)
+    if ties:  # few distinct values: several maxima per row, the first one wins
+        x = x.round()
+    if nan:
+        x[0, vocab // 2] = float("nan")
+    for view in (x, x.t().contiguous().t(), x[0]):  # non-contiguous and one-dimensional inputs too
+        assert torch.equal(argmax(view), view.argmax(-1))
+        assert argmax(view).dtype == torch.long
 
 
 def test_warping():

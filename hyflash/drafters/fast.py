@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hyflash.drafters import memory
-from hyflash.drafters.layers import rope_cos_sin, rotate
+from hyflash.drafters.layers import rope_cos_sin
 
 
 def frozen_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Linear:
@@ -41,18 +41,27 @@ def stacked_linear(linears: list[nn.Linear]) -> nn.Linear:
 
 class RopeTables:
     """cos/sin rows per absolute position, computed by `layers.rope_cos_sin` (as `layers.rope` does) and kept:
-    a draft then reads rows instead of rebuilding them. Grows by doubling."""
+    a draft then reads rows instead of rebuilding them. Grows by doubling. The sin table is stored with the
+    sign of `layers.rotate`'s -x2 half folded in, so that a rotation is three operations (`rotated`)."""
 
     def __init__(self, head_dim: int, theta: float, dtype: torch.dtype, device: torch.device):
         self.head_dim, self.theta, self.dtype = head_dim, theta, dtype
-        self.cos = self.sin = torch.empty(0, head_dim, dtype=dtype, device=device)
+        self.cos = self.signed_sin = torch.empty(0, head_dim, dtype=dtype, device=device)
 
     def rows(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         if end > len(self.cos):
             n = max(end, 2 * len(self.cos), 256)
             positions = torch.arange(n, device=self.cos.device)
-            self.cos, self.sin = rope_cos_sin(positions, self.head_dim, self.theta, self.dtype)
-        return self.cos[start:end, None], self.sin[start:end, None]  # [L, 1, d]: broadcast over heads
+            self.cos, sin = rope_cos_sin(positions, self.head_dim, self.theta, self.dtype)
+            half = self.head_dim // 2
+            self.signed_sin = torch.cat([-sin[:, :half], sin[:, half:]], -1)
+        return self.cos[start:end, None], self.signed_sin[start:end, None]  # [L, 1, d]: broadcast over heads
+
+
+def rotated(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """`layers.rotate(x, cos, sin)` for `RopeTables` rows: [x1, x2] * cos + [x2, x1] * [-sin1, sin2], the same
+    products and sums (the general form takes six operations: chunk, neg, cat and three arithmetic)."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), signed_sin)
 
 
 class FastLayer(nn.Module):
@@ -67,26 +76,31 @@ class FastLayer(nn.Module):
         self.o_proj = layer.o_proj
         self.gate_up = stacked_linear([layer.mlp.gate, layer.mlp.up])
         self.down = layer.mlp.down
-        self.norms = {name: getattr(layer, name).weight.detach() for name in ("attn_norm", "q_norm", "k_norm", "mlp_norm")}
+        self.norms = {name: getattr(layer, name).weight.detach() for name in ("attn_norm", "mlp_norm")}
+        self.qk_norm = torch.cat([layer.q_norm.weight.detach().expand(self.heads, -1),
+                                  layer.k_norm.weight.detach().expand(self.heads, -1)])  # [2 heads, d]
+        self.score_dtype = torch.promote_types(self.qk_norm.dtype, torch.float32)
 
     def forward(self, x, cos, sin, ctx_k, ctx_v, state):
         """x [S, H] at positions whose table rows are cos/sin [S, 1, d]; ctx_k (rotated) / ctx_v [heads, L, d];
         state [heads, dk, dv] or None -> x [S, H]."""
         S, h, d, n = x.shape[0], self.heads, self.head_dim, self.norms
-        hn = F.rms_norm(x, x.shape[-1:], n["attn_norm"], self.eps)
-        q, k, v, *gate = self.qkv(hn).split([h * d, h * d, h * d] + ([h] if self.gated_read else []), -1)
-        q = F.rms_norm(q.view(S, h, d), (d,), n["q_norm"], self.eps)
-        k = F.rms_norm(k.view(S, h, d), (d,), n["k_norm"], self.eps)
-        keys = torch.cat([ctx_k, rotate(k, cos, sin).transpose(0, 1)], 1)
-        values = torch.cat([ctx_v, v.view(S, h, d).transpose(0, 1)], 1)
-        q_rot = rotate(q, cos, sin).transpose(0, 1)  # [heads, S, d]
-        probs = (q_rot @ keys.transpose(-1, -2) * d**-0.5).to(torch.promote_types(x.dtype, torch.float32)).softmax(-1)
-        out = probs.to(values.dtype) @ values  # [heads, S, d]
+        qkv = self.qkv(F.rms_norm(x, x.shape[-1:], n["attn_norm"], self.eps))
+        # q and k sit at the same positions: one norm (their weights side by side) and one rotation for both.
+        qk = F.rms_norm(qkv[:, : 2 * h * d].view(S, 2 * h, d), (d,), None, self.eps) * self.qk_norm
+        qk_rot = rotated(qk, cos, sin).transpose(0, 1)  # [2 heads, S, d]
+        keys = torch.cat([ctx_k, qk_rot[h:]], 1)
+        values = torch.cat([ctx_v, qkv[:, 2 * h * d : 3 * h * d].view(S, h, d).transpose(0, 1)], 1)
+        scores = qk_rot[:h] @ keys.transpose(-1, -2) * d**-0.5
+        if scores.dtype != self.score_dtype:  # softmax in at least float32, as the general path
+            scores = scores.to(self.score_dtype)
+        out = scores.softmax(-1).to(values.dtype) @ values  # [heads, S, d]
         if state is not None:
-            read = memory.read(state, q.transpose(0, 1), self.rule).to(out.dtype)
+            read = memory.read(state, qk[:, :h].transpose(0, 1), self.rule).to(out.dtype)
             if self.gated_read:
-                read = read * torch.sigmoid(gate[0]).t()[..., None]
-            out = out + read
+                out = torch.addcmul(out, read, torch.sigmoid(qkv[:, 3 * h * d :].t())[..., None])
+            else:
+                out = out + read
         x = x + self.o_proj(out.transpose(0, 1).reshape(S, h * d))
         g, u = self.gate_up(F.rms_norm(x, x.shape[-1:], n["mlp_norm"], self.eps)).chunk(2, -1)
         return x + self.down(F.silu(g) * u)
@@ -138,7 +152,7 @@ class FastDraft(nn.Module):
         for i, layer in enumerate(self.layers):
             ctx_k = state.keys[i][:live]
             if unrotated:
-                ctx_k = rotate(ctx_k, ctx_cos, ctx_sin)
+                ctx_k = rotated(ctx_k, ctx_cos, ctx_sin)
             memory_state = state.states[i] if state.states else None
             x = layer(x, cos, sin, ctx_k.transpose(0, 1), state.values[i][:live].transpose(0, 1), memory_state)
         return F.rms_norm(x[1:], x.shape[-1:], self.norm, self.eps)

@@ -17,7 +17,7 @@ from hyflash.drafters.base import Draft, Drafter
 from hyflash.drafters.fast import FastDraft
 from hyflash.drafters.layers import rope
 from hyflash.drafters.model import DrafterModel
-from hyflash.sampling import SamplingConfig, logits_to_probs, sample
+from hyflash.sampling import SamplingConfig, argmax, logits_to_probs, sample
 
 
 class DrafterState(Drafter):
@@ -81,6 +81,12 @@ class DrafterState(Drafter):
                 self.keys[i] = torch.cat([self.keys[i], rope(k, positions, cfg.rope_theta)])
                 self.values[i] = torch.cat([self.values[i], v])
                 continue
+            if not folded:  # nothing leaves the window (most steps): append in place
+                self.keys[i][live : live + n_new] = k
+                self.values[i][live : live + n_new] = v
+                if g is not None:
+                    self.gates[i][live : live + n_new] = g
+                continue
             k = torch.cat([self.keys[i][:live], k])
             v = torch.cat([self.values[i][:live], v])
             if g is not None:
@@ -135,7 +141,7 @@ class DrafterState(Drafter):
         if sampling.greedy:
             slot_probs = logits.softmax(-1)
             confidence = slot_probs.amax(-1)  # the argmax's probability: distribution-level
-            return Draft(tokens=model.to_target_ids(logits.argmax(-1)), confidence=confidence, expensive=True,
+            return Draft(tokens=model.to_target_ids(argmax(logits)), confidence=confidence, expensive=True,
                          slot_probs=slot_probs, vocab_ids=vocab)
         probs = logits_to_probs(logits, sampling)
         picks = sample(probs, generator)
