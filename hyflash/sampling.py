@@ -39,10 +39,13 @@ class SamplingConfig:
 
 def argmax(x: torch.Tensor) -> torch.Tensor:
     """`x.argmax(-1)` (first maximum, NaN counting as the maximum). On the CPU through NumPy: torch's CPU
-    argmax is not vectorised, 32 us for one row of a 49k vocabulary against NumPy's 4 us (245 vs 24 us for
-    8 rows), and it runs on every target pass and every draft."""
-    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
+    argmax is not vectorised. One row of a 49k vocabulary: 32 us in float32 and 167 us in bfloat16 against
+    4 us (8 us with the exact upcast to float32); 8 rows: 245 us and 1.3 ms against 24 and 49 us. It runs on
+    every target pass and every draft."""
+    if x.device.type != "cpu" or not x.is_floating_point():
         return x.argmax(-1)
+    if x.dtype not in (torch.float32, torch.float64):
+        x = x.float()  # exact: the same maxima in the same places
     return torch.as_tensor(x.detach().numpy().argmax(-1), dtype=torch.long)
 
 

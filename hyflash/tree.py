@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from hyflash.sampling import argmax
+
 
 @dataclass
 class DraftTree:
@@ -116,7 +118,7 @@ def verify_tree(tree: DraftTree, target_probs: torch.Tensor, greedy: bool,
         p = target_probs[node + 1]
         kids = tree.children(node)
         if greedy:
-            best = int(p.argmax())
+            best = int(argmax(p))
             nxt = next((c for c in kids if tree.tokens[c] == best), None)
             if nxt is None:
                 return path, best

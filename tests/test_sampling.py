@@ -27,7 +27,7 @@ def test_config_rejects_bad_values():
 
 @settings(max_examples=60, deadline=None)
 @given(rows=st.integers(1, 5), vocab=st.integers(1, 300), ties=st.booleans(), nan=st.booleans(),
-       dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16]), seed=st.integers(0, 2**16))
+       dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16, torch.float16]), seed=st.integers(0, 2**16))
 def test_argmax_is_torchs_first_maximum(rows, vocab, ties, nan, dtype, seed):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, vocab, generator=g).to(dtype)
