@@ -79,7 +79,6 @@ class FastLayer(nn.Module):
         self.norms = {name: getattr(layer, name).weight.detach() for name in ("attn_norm", "mlp_norm")}
         self.qk_norm = torch.cat([layer.q_norm.weight.detach().expand(self.heads, -1),
                                   layer.k_norm.weight.detach().expand(self.heads, -1)])  # [2 heads, d]
-        self.score_dtype = torch.promote_types(self.qk_norm.dtype, torch.float32)
 
     def forward(self, x, cos, sin, ctx_k, ctx_v, state):
         """x [S, H] at positions whose table rows are cos/sin [S, 1, d]; ctx_k (rotated) / ctx_v [heads, L, d];
@@ -92,9 +91,8 @@ class FastLayer(nn.Module):
         keys = torch.cat([ctx_k, qk_rot[h:]], 1)
         values = torch.cat([ctx_v, qkv[:, 2 * h * d : 3 * h * d].view(S, h, d).transpose(0, 1)], 1)
         scores = qk_rot[:h] @ keys.transpose(-1, -2) * d**-0.5
-        if scores.dtype != self.score_dtype:  # softmax in at least float32, as the general path
-            scores = scores.to(self.score_dtype)
-        out = scores.softmax(-1).to(values.dtype) @ values  # [heads, S, d]
+        probs = scores.to(torch.promote_types(scores.dtype, torch.float32)).softmax(-1)  # as the general path
+        out = probs.to(values.dtype) @ values  # [heads, S, d]
         if state is not None:
             read = memory.read(state, qk[:, :h].transpose(0, 1), self.rule).to(out.dtype)
             if self.gated_read:

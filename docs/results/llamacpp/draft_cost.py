@@ -35,7 +35,7 @@ import torch
 
 from batch_invariance import result_stem
 from hyflash.bench.datasets import load_set
-from hyflash.calibration import cpu_description
+from hyflash.calibration import cpu_description, physical_cores
 from hyflash.decoding import generate
 from hyflash.drafters.cli import trim_draft_vocab
 from hyflash.drafters.loading import inference_dtype, load_drafter_for_target
@@ -203,7 +203,7 @@ def main(path: Path | None = None) -> None:
                 (row["draft_after_target_pass_ms"] + row["ingest_3_after_target_pass_ms"]) / row["target_pass_1_ms"], 3)
             rows.append(row)
             print(row, flush=True)
-    torch.set_num_threads(2)  # the default on this 2-core machine (`hyflash.cli.set_threads`)
+    torch.set_num_threads(physical_cores())  # the commands' default (`hyflash.cli.set_threads`)
     loop_rows = in_the_loop(target, paths, load_set("chat", target, 6, 64))
     write_report(rows, loop_rows, cpu_description()[0], gguf.name, stem)
 
