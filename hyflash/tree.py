@@ -111,7 +111,8 @@ def build_tree(slot_probs: torch.Tensor, budget: int, token_ids: torch.Tensor | 
 
 def verify_tree(tree: DraftTree, target_probs: torch.Tensor, greedy: bool,
                 generator: torch.Generator | None) -> tuple[list[int], int]:
-    """target_probs [n+1, V] at (root, nodes). Returns (accepted node indices along one path, next token)."""
+    """target_probs [n+1, V] at (root, nodes): warped distributions, or under greedy anything whose argmax is the
+    target's choice (its raw logits). Returns (accepted node indices along one path, next token)."""
     path: list[int] = []
     node = -1
     while True:

@@ -184,7 +184,11 @@ def test_drafter_info_default_real_model(capsys, smollm2_fp32):
     assert main(["drafter", "info", "default", "--context", "64", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["model"] == "smollm2-135m" and info["dtype"] == "bfloat16"
-    head_copy = 8192 * 576 * 2  # 8,192 draft-vocabulary rows of the bf16 head: 9 MiB
+    from hyflash.drafters.loading import read_config
+    from hyflash.training.defaults import default_drafter_path
+
+    rows = read_config(default_drafter_path("smollm2-135m")).draft_vocab_size
+    head_copy = rows * 576 * 2  # the draft vocabulary's rows of the bf16 head
     assert info["weight_bytes_detail"]["head_copy"] == head_copy
     assert info["weight_bytes"] == info["weight_bytes_detail"]["saved_tensors"] + head_copy
     assert info["draft_memory_bytes"]["64"] < info["weight_bytes"]

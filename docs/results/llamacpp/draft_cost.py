@@ -1,9 +1,11 @@
 """What one draft of the shipped drafter costs on the llama.cpp backend, next to a target step.
 
-    ../shared/bin/heavy .venv/bin/python docs/results/llamacpp/draft_cost.py [GGUF]
+    ../shared/bin/heavy .venv/bin/python docs/results/llamacpp/draft_cost.py [GGUF] [--compare NAME=DIR ...]
 
 (GGUF: another file of the same model, e.g. cache/smollm2-135m-f16.gguf; results in draft_cost-<stem>.*; on a
-llama.cpp built without llamafile's sgemm, as `make venv` builds it, the names end in -no-llamafile)
+llama.cpp built without llamafile's sgemm, as `make venv` builds it, the names end in -no-llamafile.
+--compare adds other drafter folders, e.g. the 8,192-id head shipped before 2026-12-02:
+`git show 7f09aec:hyflash/assets/drafters/smollm2-135m/model.safetensors` and its config.json into a folder.)
 
 The shipped SmolLM2 Q4_1 GGUF with 300 tokens of context (hyflash's own source). Median of 60 of each:
 - a one-token and an eight-token target pass (features on, as in speculative decoding);
@@ -13,7 +15,8 @@ The shipped SmolLM2 Q4_1 GGUF with 300 tokens of context (hyflash's own source).
 - with torch on 1 and on 2 threads;
 - with the drafting path as shipped (`FastDraft`: stacked Linears, cached RoPE, one attention product) and
   with the general `DrafterModel` path (`DrafterState(model, fast=False)`), both int8, and the shipped path
-  with the draft vocabulary trimmed to 4,096 and 2,048 ids (`hyflash drafter trim`: a smaller head to read);
+  for every --compare folder (e.g. another draft vocabulary: a larger or smaller head to read), and the
+  shipped path in bf16 instead of int8 (on CPUs with native bf16 a small bf16 product may be the cheaper);
 - and the drafter's other per-step work, ingesting 3 verified tokens, right after a target pass;
 - and in the decoding loop itself (`hyflash.decoding.generate`, every draft verified in full), where each draft
   follows a target pass and the ingest of its verified tokens: per drafting path the median draft and ingest,
@@ -26,7 +29,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
@@ -37,12 +39,12 @@ from batch_invariance import result_stem
 from hyflash.bench.datasets import load_set
 from hyflash.calibration import cpu_description, physical_cores
 from hyflash.decoding import generate
-from hyflash.drafters.cli import trim_draft_vocab
-from hyflash.drafters.loading import inference_dtype, load_drafter_for_target
+from hyflash.drafters.loading import inference_dtype, load_drafter_for_target, read_config
 from hyflash.drafters.model import DrafterModel
 from hyflash.drafters.state import DrafterState
 from hyflash.sampling import SamplingConfig
 from hyflash.targets.llamacpp import LlamaCppTarget, gguf_path
+from hyflash.training.defaults import default_drafter_path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -156,17 +158,18 @@ def write_report(rows: list[dict], loop_rows: list[dict], cpu: str, file_name: s
     print("\n".join(lines))
 
 
-def main(path: Path | None = None) -> None:
+def main(path: Path | None = None, compare: dict[str, Path] | None = None) -> None:
     stem = result_stem("draft_cost", path)
     gguf = path or gguf_path("smollm2-135m")
     target = LlamaCppTarget(gguf, n_threads=2)
-    folder = ROOT / "hyflash" / "assets" / "drafters" / "smollm2-135m"
+    folder = default_drafter_path("smollm2-135m")
     general = DrafterState(DrafterModel.from_pretrained(folder, target, dtype=inference_dtype(target)), fast=False)
-    paths = {"fast (shipped)": load_drafter_for_target(folder, target), "general": general.quantize_int8()}
-    scratch = Path(tempfile.mkdtemp(prefix="draft-cost-"))
-    for size in (4096, 2048):
-        trimmed = trim_draft_vocab(folder, size, scratch / f"vocab-{size}")
-        paths[f"fast, draft vocabulary {size}"] = load_drafter_for_target(trimmed, target)
+    vocab = read_config(folder).draft_vocab_size
+    paths = {f"fast (shipped, {vocab} ids)": load_drafter_for_target(folder, target), "general": general.quantize_int8()}
+    # bf16 weights instead of int8: on CPUs with AMX / AVX-512 BF16 a small bf16 product may beat fbgemm's int8.
+    paths["fast, bfloat16 weights"] = DrafterState(DrafterModel.from_pretrained(folder, target, dtype=torch.bfloat16))
+    for name, other in (compare or {}).items():
+        paths[f"fast, {name} ({read_config(other).draft_vocab_size} ids)"] = load_drafter_for_target(other, target)
     ids = target.tokenizer.encode((ROOT / "hyflash" / "decoding.py").read_text()[:3000])[:300]
     out = target.prefill(torch.tensor(ids), features=True)
     for drafter in paths.values():
@@ -208,7 +211,21 @@ def main(path: Path | None = None) -> None:
     write_report(rows, loop_rows, cpu_description()[0], gguf.name, stem)
 
 
-if __name__ == "__main__":
-    import sys
+def parse_args(argv=None):
+    import argparse
 
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else None)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("gguf", nargs="?", type=Path, help="another GGUF file of SmolLM2-135M (default: the shipped Q4_1)")
+    parser.add_argument("--compare", nargs="*", default=[], metavar="NAME=DIR", help="other drafter folders to time")
+    args = parser.parse_args(argv)
+    compare = {}
+    for item in args.compare:
+        name, sep, folder = item.partition("=")
+        if not sep or not name or not folder:
+            parser.error(f"--compare takes NAME=DIR, got {item!r}")
+        compare[name] = Path(folder)
+    return args.gguf, compare
+
+
+if __name__ == "__main__":
+    main(*parse_args())
