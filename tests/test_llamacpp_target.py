@@ -473,3 +473,24 @@ def test_the_kv_cache_types_auto_picks_and_explicit_ones_win(lcpp):
     assert explicit.cache_types == ("f16", "f16")
     with pytest.raises(HyflashError, match="unknown KV cache type"):
         LlamaCppTarget.load("smollm2-135m", n_threads=1, cache_type_v="q4")
+
+
+def test_amx_builds_keep_weights_out_of_extra_buffer_types(monkeypatch):
+    """On a llama.cpp built with ggml's AMX backend, weights repacked into its buffers crash the first decode
+    (a segfault, on the Xeon this was found on): hyflash's target and the llama-cpp-python peer both load
+    without extra buffer types there, and with llama.cpp's defaults on every other build."""
+    import hyflash.targets.llamacpp as backend
+
+    low_level = llama_cpp.llama_cpp
+    library_default = low_level.llama_model_default_params
+    for amx in (True, False):
+        monkeypatch.setattr(backend, "has_amx_backend", lambda amx=amx: amx)
+        assert backend.model_params().use_extra_bufts is (not amx)
+        with backend._peer_model_params():  # what `Llama` reads while it loads
+            assert low_level.llama_model_default_params().use_extra_bufts is (not amx)
+        assert low_level.llama_model_default_params is library_default
+    monkeypatch.setattr(backend, "has_amx_backend", lambda: True)
+    with pytest.raises(RuntimeError):  # a failed load puts the library's function back too
+        with backend._peer_model_params():
+            raise RuntimeError("load failed")
+    assert low_level.llama_model_default_params is library_default

@@ -23,6 +23,7 @@ chat templates are identical across backends; an arbitrary .gguf uses llama.cpp'
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -76,6 +77,37 @@ def matmul_kernels() -> str:
     """ "llamafile" when this llama.cpp build multiplies with llamafile's sgemm (llama.cpp's default build
     option GGML_LLAMAFILE, which pip's stock build keeps), else "ggml" (its own kernels only)."""
     return "llamafile" if b"LLAMAFILE = 1" in llama_cpp.llama_print_system_info() else "ggml"
+
+
+@functools.cache
+def has_amx_backend() -> bool:
+    """Whether this llama.cpp build has ggml's AMX backend (built natively on a CPU with AMX, as pip does)."""
+    return b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info()
+
+
+def model_params(default=None):
+    """llama.cpp's default model parameters, except on a build with the AMX backend: there its extra buffer
+    types (weights repacked for AMX: Q4_0, Q4_1, Q8_0 and K-quants) crash the first decode with a segfault
+    (measured on a 2-core Xeon VM with AMX, 2026-12-02, llama-cpp-python's own `Llama` too; llama.cpp issue
+    #20824), so weights stay in plain CPU buffers, which llama.cpp's AVX-512 kernels multiply. `default`: the
+    function to start from (the peer passes the library's own, which it replaces while `Llama` loads)."""
+    params = (default or llama_cpp.llama_model_default_params)()
+    if has_amx_backend():
+        params.use_extra_bufts = False
+    return params
+
+
+@contextlib.contextmanager
+def _peer_model_params():
+    """While llama-cpp-python's `Llama` loads a model, its model parameters are `model_params()`'s (it has no
+    argument for extra buffer types and reads the library's defaults)."""
+    low_level = llama_cpp.llama_cpp
+    original = low_level.llama_model_default_params
+    low_level.llama_model_default_params = functools.partial(model_params, original)
+    try:
+        yield
+    finally:
+        low_level.llama_model_default_params = original
 
 
 def default_cache_types(precision: str, kernels: str | None = None) -> tuple[str, str]:
@@ -199,7 +231,8 @@ def llama_cpp_peer(path: Path, target=None, **kwargs) -> "llama_cpp.Llama":
     cache_k, cache_v = getattr(target, "cache_types", LLAMA_CPP_CACHE)
     settings = dict(n_threads=threads, n_threads_batch=threads, flash_attn=getattr(target, "flash_attn", FLASH_ATTN),
                     type_k=CACHE_TYPES[cache_k], type_v=CACHE_TYPES[cache_v], verbose=False)
-    return llama_cpp.Llama(str(path), **(settings | kwargs))
+    with _peer_model_params():
+        return llama_cpp.Llama(str(path), **(settings | kwargs))
 
 
 def _hf_tokenizer(name: str, folder: Path, gguf_file: str):
@@ -232,7 +265,7 @@ class LlamaCppTarget(BaseTarget):
         self.path = path
         self.name = name or path.name
         self._model = self._ctx = None
-        mparams = llama_cpp.llama_model_default_params()
+        mparams = model_params()
         self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
             raise HyflashError(f"llama.cpp could not load {path}: the file is corrupt or not a GGUF model")
