@@ -22,7 +22,7 @@ The shipped SmolLM2 Q4_1 GGUF with 300 tokens of context (hyflash's own source).
   follows a target pass and the ingest of its verified tokens: per drafting path the median draft and ingest,
   next to the median one-token step of plain decoding on the same prompts (6 chat prompts, 64 new tokens,
   plain and speculative taking turns prompt by prompt). This is the share the issue's bar is about.
-Writes draft_cost.json and draft_cost.md next to this file.
+Writes draft_cost.json and draft_cost.md next to this file (or into --out DIR).
 """
 
 from __future__ import annotations
@@ -145,8 +145,8 @@ def table(rows: list[dict]) -> list[str]:
     return lines + ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
 
 
-def write_report(rows: list[dict], loop_rows: list[dict], cpu: str, file_name: str, stem: str) -> None:
-    (HERE / f"{stem}.json").write_text(json.dumps({"cpu": cpu, "file": file_name, "rows": rows,
+def write_report(rows: list[dict], loop_rows: list[dict], cpu: str, file_name: str, out: Path) -> None:
+    out.with_suffix(".json").write_text(json.dumps({"cpu": cpu, "file": file_name, "rows": rows,
                                                    "in_the_loop": loop_rows}, indent=1))
     lines = [f"# One draft on the llama.cpp backend ({cpu}, llama.cpp on 2 threads, {file_name}, 300 tokens of context)",
              "", "`docs/results/llamacpp/draft_cost.py`; medians of 60 (draft after a target pass: 200, the two paths taking turns), milliseconds.", "",
@@ -154,11 +154,11 @@ def write_report(rows: list[dict], loop_rows: list[dict], cpu: str, file_name: s
              "Every draft verified in full on 6 chat prompts, 64 new tokens; each draft follows a target pass and the",
              "ingest of the tokens it verified. Plain step: the median one-token step of plain decoding on the same",
              "prompts, run in turns with the speculative runs. Medians, milliseconds.", "", *table(loop_rows)]
-    (HERE / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
-def main(path: Path | None = None, compare: dict[str, Path] | None = None) -> None:
+def main(path: Path | None = None, compare: dict[str, Path] | None = None, out_dir: Path = HERE) -> None:
     stem = result_stem("draft_cost", path)
     gguf = path or gguf_path("smollm2-135m")
     target = LlamaCppTarget(gguf, n_threads=2)
@@ -208,7 +208,8 @@ def main(path: Path | None = None, compare: dict[str, Path] | None = None) -> No
             print(row, flush=True)
     torch.set_num_threads(physical_cores())  # the commands' default (`hyflash.cli.set_threads`)
     loop_rows = in_the_loop(target, paths, load_set("chat", target, 6, 64))
-    write_report(rows, loop_rows, cpu_description()[0], gguf.name, stem)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_report(rows, loop_rows, cpu_description()[0], gguf.name, out_dir / stem)
 
 
 def parse_args(argv=None):
@@ -217,6 +218,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("gguf", nargs="?", type=Path, help="another GGUF file of SmolLM2-135M (default: the shipped Q4_1)")
     parser.add_argument("--compare", nargs="*", default=[], metavar="NAME=DIR", help="other drafter folders to time")
+    parser.add_argument("--out", type=Path, default=HERE, help="folder for the results (default: beside this script)")
     args = parser.parse_args(argv)
     compare = {}
     for item in args.compare:
@@ -224,7 +226,7 @@ def parse_args(argv=None):
         if not sep or not name or not folder:
             parser.error(f"--compare takes NAME=DIR, got {item!r}")
         compare[name] = Path(folder)
-    return args.gguf, compare
+    return args.gguf, compare, args.out
 
 
 if __name__ == "__main__":
