@@ -73,16 +73,20 @@ _backend_ready = False
 
 
 @functools.cache  # a property of the loaded library, which a process cannot swap
+def _built_with(feature: str) -> bool:
+    """Whether llama.cpp's system info lists `feature` (e.g. "LLAMAFILE") as compiled in."""
+    return f"{feature} = 1".encode() in llama_cpp.llama_print_system_info()
+
+
 def matmul_kernels() -> str:
     """ "llamafile" when this llama.cpp build multiplies with llamafile's sgemm (llama.cpp's default build
     option GGML_LLAMAFILE, which pip's stock build keeps), else "ggml" (its own kernels only)."""
-    return "llamafile" if b"LLAMAFILE = 1" in llama_cpp.llama_print_system_info() else "ggml"
+    return "llamafile" if _built_with("LLAMAFILE") else "ggml"
 
 
-@functools.cache
 def has_amx_backend() -> bool:
     """Whether this llama.cpp build has ggml's AMX backend (built natively on a CPU with AMX, as pip does)."""
-    return b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info()
+    return _built_with("AMX_INT8")
 
 
 def model_params(default=None):

@@ -5,11 +5,13 @@
 For the shipped drafter (float32 weights, no int8) this measures, with the float32 target:
 - held-out: N chat prompts from held-out modules (the training run's own eval prompts); the target writes 96
   greedy tokens; then one teacher-forced pass gives features for the whole sequence and `train_forward` drafts a
-  block at every generated position. Implied chain tau = 1 + mean accepted-prefix length (the block's slots
-  compared with the target's own greedy tokens). Beside it, the decoding loop's real tau on the same prompts.
-  If the two differ, inference and training disagree (a bug); if they agree, the gap is the data.
-- train: the same measure on N target-written sequences of the training data (greedy ones, same anchors rule).
-Writes gap.json next to this file and prints a table.
+  block at every generated position (its slots compared with the target's own greedy tokens). Replaying the
+  loop over those blocks (draft, keep the accepted prefix and the bonus token, jump) gives the tau the loop
+  should have; beside it, the decoding loop's real tau on the same prompts. If the two differ, inference and
+  training disagree (a bug); if they agree, the gap is the drafter. 1 + the mean accepted prefix over every
+  position is reported too: it overstates tau (positions inside a long accepted run are skipped by the loop).
+- train: the same measure on N greedy target-written sequences of the training data (their last 1,024 tokens).
+Writes gap.json next to this file and prints it.
 """
 from __future__ import annotations
 
@@ -103,10 +105,9 @@ def main() -> None:
     picks = [i for i in rng.permutation(len(data)) if not data.sampled[i]][:n_train]
     tr_prefix, tr_hits, tr_sim = [], [], []
     for i in picks:
-        seq, g = data[i]
-        seq = seq.tolist()[-1024:] if len(seq) > 1024 else seq.tolist()
-        g = max(1, g - (len(data[i][0]) - len(seq)))
-        prefix, hits = block_stats(model, target, seq, g)
+        full, g = data[i]
+        seq = full.tolist()[-1024:]
+        prefix, hits = block_stats(model, target, seq, max(1, g - (len(full) - len(seq))))
         tr_prefix.append(prefix)
         tr_hits.append(hits)
         tr_sim.append(simulated_loop_tau(prefix))
