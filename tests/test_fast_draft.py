@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hyflash.drafters.layers import rope
 from hyflash.drafters.state import DrafterState
 from hyflash.sampling import SamplingConfig
 from test_drafter_model import CASES, _ingest_in_pieces, llama3_target, make, sequence  # noqa: F401 (a fixture)
@@ -29,8 +30,20 @@ def test_fast_hidden_equals_general_path_as_context_grows(llama3_target, kind, r
         last = int(tokens[0, n - 1])
         torch.testing.assert_close(fast.block_hidden(last), general.block_hidden(last), atol=1e-10, rtol=1e-10)
         # Both states hold the same window and memory (a fast path must not disturb ingest).
-        for held_fast, held_general in zip(fast.held_tensors(), general.held_tensors()):
+        for held_fast, held_general in zip(_context(fast), _context(general), strict=True):
             torch.testing.assert_close(held_fast, held_general, atol=1e-10, rtol=1e-10)
+        # The fast path's rotated window keys are the window keys after RoPE at their own positions.
+        live = fast.length - fast.start
+        assert len(fast.rotated_keys) == (len(fast.keys) if model.config.window_capacity else 0)
+        positions = fast.start + torch.arange(live)
+        for keys, rotated_keys in zip(fast.keys, fast.rotated_keys):
+            torch.testing.assert_close(rotated_keys[:live], rope(keys[:live], positions, model.config.rope_theta),
+                                       atol=1e-10, rtol=1e-10)
+
+
+def _context(state):
+    """What the general path holds: window keys before RoPE, values, gates, memory, the last feature."""
+    return [*state.keys, *state.values, *state.gates, *state.states, state.last_feature]
 
 
 @pytest.mark.parametrize("overrides", [dict(slot_inputs=False), dict(mask_token_id=3), dict(num_layers=1, block_size=8)])

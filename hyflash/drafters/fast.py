@@ -144,13 +144,10 @@ class FastDraft(nn.Module):
             x = x + self.slot_proj(torch.cat([emb, state.last_feature.to(emb)[None]], -1))  # [1, H]
         cos, sin = self.rope.rows(state.length, state.length + S)
         live = state.length - state.start
-        unrotated = state.config.window_capacity is not None  # window keys; full keeps them rotated at ingest
-        if unrotated:
-            ctx_cos, ctx_sin = self.rope.rows(state.start, state.length)
+        # Window keys: the state's copy rotated at ingest; full keeps its keys rotated at ingest anyway.
+        keys = state.rotated_keys or state.keys
         for i, layer in enumerate(self.layers):
-            ctx_k = state.keys[i][:live]
-            if unrotated:
-                ctx_k = rotated(ctx_k, ctx_cos, ctx_sin)
+            ctx_k = keys[i][:live]
             memory_state = state.states[i] if state.states else None
             x = layer(x, cos, sin, ctx_k.transpose(0, 1), state.values[i][:live].transpose(0, 1), memory_state)
         return F.rms_norm(x[1:], x.shape[-1:], self.norm, self.eps)
