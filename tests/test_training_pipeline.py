@@ -548,3 +548,17 @@ def test_blocks_read_only_the_context_before_their_anchor_and_their_anchor_token
     features3[0, a - 1] += 1.0
     assert not torch.allclose(model.train_forward(features, tokens3, torch.tensor([[a]]))[0, 0], before)
     assert not torch.allclose(model.train_forward(features3, tokens, torch.tensor([[a]]))[0, 0], before)
+
+
+def test_heldout_prompts_depend_on_the_eval_seed_not_the_training_seed():
+    """Runs with different --seed values are scored on the same held-out prompts (so their tau compares)."""
+    from types import SimpleNamespace
+
+    from hyflash.training.config import TrainConfig
+    from hyflash.training.train import _heldout_prompts
+
+    fake = SimpleNamespace(tokenizer=object(), encode_prompt=lambda text, chat: [ord(c) for c in text[-64:]])
+    base = _heldout_prompts(fake, TrainConfig(seed=0, eval_prompts=3))
+    assert len(base) == 3
+    assert _heldout_prompts(fake, TrainConfig(seed=7, eval_prompts=3)) == base
+    assert _heldout_prompts(fake, TrainConfig(seed=0, eval_prompts=3, eval_seed=2)) != base

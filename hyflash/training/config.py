@@ -8,7 +8,7 @@ from hyflash.errors import HyflashError
 
 # Fields that do not change what is computed: they may differ between a run and its resumption.
 BOOKKEEPING = ("out", "save_every", "keep_checkpoints", "log_every", "eval_every", "eval_prompts",
-               "eval_new_tokens", "eval_at", "threads", "feature_cache", "plot")
+               "eval_new_tokens", "eval_at", "eval_seed", "threads", "feature_cache", "plot")
 
 
 @dataclass
@@ -60,6 +60,7 @@ class TrainConfig:
     eval_every: int = 0  # held-out tau by real speculative decoding every N steps (0 = only at the end)
     eval_at: str = ""  # comma list of further steps to evaluate at (e.g. log-spaced, for a scaling curve)
     eval_prompts: int = 6
+    eval_seed: int = 1  # picks the held-out prompts; fixed, so runs with other --seed values are comparable
     eval_new_tokens: int = 64
     save_dtype: str = "bfloat16"  # dtype of the exported drafter weights
     threads: int = 0  # torch threads per process; 0 = torch's default

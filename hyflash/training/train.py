@@ -342,5 +342,5 @@ def _heldout_prompts(target, config: TrainConfig) -> list[list[int]]:
         return []
     from hyflash.training.prompts import build_prompts
 
-    prompts = [p for p in build_prompts("heldout", seed=config.seed + 1, long_chars=0) if p.kind == "complete"]
+    prompts = [p for p in build_prompts("heldout", seed=config.eval_seed, long_chars=0) if p.kind == "complete"]
     return [target.encode_prompt(p.text, chat=True) for p in prompts[: config.eval_prompts]]
