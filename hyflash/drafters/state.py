@@ -82,36 +82,29 @@ class DrafterState(Drafter):
             new_rows = self.fast.rope.rows(self.length, length)
         for i, layer in enumerate(self.model.layers):
             k, v, g = layer.project_context(c)
-            k_rot = rotated(k, *new_rows) if self.rotated_keys else None
             if cfg.window_capacity is None:  # full: rotate once now, keep everything
                 positions = self.length + torch.arange(n_new, device=k.device)
                 self.keys[i] = torch.cat([self.keys[i], rope(k, positions, cfg.rope_theta)])
                 self.values[i] = torch.cat([self.values[i], v])
                 continue
-            if not folded:  # nothing leaves the window (most steps): append in place
-                self.keys[i][live : live + n_new] = k
-                self.values[i][live : live + n_new] = v
-                if k_rot is not None:
-                    self.rotated_keys[i][live : live + n_new] = k_rot
-                if g is not None:
-                    self.gates[i][live : live + n_new] = g
-                continue
-            k = torch.cat([self.keys[i][:live], k])
-            v = torch.cat([self.values[i][:live], v])
+            # Every window buffer of this layer with its new rows; all of them slide alike.
+            window = [(self.keys[i], k), (self.values[i], v)]
             if g is not None:
-                g = torch.cat([self.gates[i][:live], g])
-            if folded and cfg.has_memory:
-                per_head = [x[:folded].transpose(0, 1) for x in (k, v)]
-                gf = None if g is None else g[:folded].transpose(0, 1)
+                window.append((self.gates[i], g))
+            if self.rotated_keys:
+                window.append((self.rotated_keys[i], rotated(k, *new_rows)))
+            if not folded:  # nothing leaves the window (most steps): append in place
+                for buffer, rows in window:
+                    buffer[live : live + n_new] = rows
+                continue
+            whole = [torch.cat([buffer[:live], rows]) for buffer, rows in window]
+            if cfg.has_memory:
+                per_head = [x[:folded].transpose(0, 1) for x in whole[:2]]
+                gf = None if g is None else whole[2][:folded].transpose(0, 1)
                 states = memory.chunk_scan(*per_head, gf, cfg.memory_rule, cfg.chunk_size, self.states[i])
                 self.states[i] = states[:, -1]
-            kept = length - start
-            self.keys[i][:kept] = k[folded:]
-            self.values[i][:kept] = v[folded:]
-            if k_rot is not None:
-                self.rotated_keys[i][:kept] = torch.cat([self.rotated_keys[i][:live], k_rot])[folded:]
-            if g is not None:
-                self.gates[i][:kept] = g[folded:]
+            for (buffer, _), rows in zip(window, whole):
+                buffer[: length - start] = rows[folded:]
         self.length, self.start = length, start
         self.last_feature = c[-1].clone()
 
