@@ -27,7 +27,7 @@ import torch
 
 from hyflash.errors import HyflashError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: feature_ms
 DEFAULT_CONTEXTS = (256, 1024)
 MAX_Q = 16
 
@@ -43,6 +43,9 @@ class CostCurve:
     draft_ms: float | None = None  # one drafter block (all slots), None without a drafter
     ingest_ms: float | None = None  # drafter ingest of one verified token
     machine: dict = field(default_factory=dict)
+    # What recording features adds to a one-token pass (llama.cpp: its eval callback splits the graph and
+    # copies the layers out), paid on every pass while a drafter that reads features is in use.
+    feature_ms: float | None = None
 
     @property
     def max_q(self) -> int:
@@ -236,11 +239,17 @@ def calibrate(model: str, dtype: str, drafter_spec: str | None = "default", cont
                 raise
     if announce:
         announce(f"hyflash: measuring {model} {describe(dtype, backend)} on this machine (about 20 s, once) ...")
-    pass_ms = measure_target(target, contexts, reps=reps, features=drafter is None or drafter.needs_features)
-    draft_ms = ingest_ms = None
+    features = drafter is None or drafter.needs_features
+    pass_ms = measure_target(target, contexts, reps=reps, features=features)
+    draft_ms = ingest_ms = feature_ms = None
     if drafter is not None:
         draft_ms, ingest_ms = measure_drafter(target, drafter, contexts[0])
-    curve = CostCurve(model, target.precision, [int(c) for c in contexts], pass_ms, draft_ms, ingest_ms, key)
+    if features:
+        without = measure_target(target, contexts[:1], max_q=1, reps=5 * reps, features=False)[0][0]
+        with_features = measure_target(target, contexts[:1], max_q=1, reps=5 * reps, features=True)[0][0]
+        feature_ms = max(0.0, with_features - without)
+    curve = CostCurve(model, target.precision, [int(c) for c in contexts], pass_ms, draft_ms, ingest_ms, key,
+                      feature_ms)
     from hyflash.files import atomic_write_json
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -256,8 +265,8 @@ def describe(dtype: str, backend: str = "transformers") -> str:
 def table(curves: list[CostCurve]) -> str:
     """Markdown: c(q) in ms (and in plain steps) for q in a few columns, per dtype and context."""
     qs = [q for q in (1, 2, 3, 4, 6, 8, 12, 16) if q <= min(c.max_q for c in curves)]
-    lines = ["| dtype | context | " + " | ".join(f"q={q}" for q in qs) + " | draft block | ingest/token |",
-             "|---|---|" + "---|" * len(qs) + "---|---|"]
+    lines = ["| dtype | context | " + " | ".join(f"q={q}" for q in qs)
+             + " | draft block | ingest/token | features/pass |", "|---|---|" + "---|" * len(qs) + "---|---|---|"]
     for c in curves:
         for context in c.contexts:
             base = c.cost(1, context)
@@ -265,7 +274,8 @@ def table(curves: list[CostCurve]) -> str:
                      for q in qs]
             draft = "-" if c.draft_ms is None else f"{c.draft_ms:.1f} ms"
             ingest = "-" if c.ingest_ms is None else f"{c.ingest_ms:.2f} ms"
-            lines.append(f"| {c.dtype} | {context} | " + " | ".join(cells) + f" | {draft} | {ingest} |")
+            feature = "-" if c.feature_ms is None else f"{c.feature_ms:.2f} ms"
+            lines.append(f"| {c.dtype} | {context} | " + " | ".join(cells) + f" | {draft} | {ingest} | {feature} |")
     return "\n".join(lines)
 
 

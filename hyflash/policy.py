@@ -4,10 +4,11 @@ The decoding loop asks three things and stays the same whatever the answers:
   wants_draft()         run the (expensive) drafter this step at all? After steps where nothing was worth
                         verifying, drafting backs off for 1, 2, 4 ... max_skip steps, then probes again
   retire_expensive      has the expensive drafter gone unverified through retire_after probes at the longest
-                        back-off? Then it sits out the rest of the generation (the loop keeps its cheap
-                        part, e.g. a hybrid's n-gram lookup, and stops asking the target for features),
-                        and the next 1, 2, 4 ... max_rest_runs generations from their start, before one
-                        tries it again
+                        back-off, or has it cost more time than it saved over a generation's first
+                        ledger_after passes? Then it sits out the rest of the generation (the loop keeps its
+                        cheap part, e.g. a hybrid's n-gram lookup, and stops asking the target for
+                        features), and the next 1, 2, 4 ... max_rest_runs generations from their start,
+                        before one tries it again
   plan(candidates, n)   among the drafts proposed (a trained drafter's, the n-gram lookup's), the draft and
                         length k in 0..len that maximise expected committed tokens per millisecond:
                             (1 + sum_{j<=k} prod_{i<=j} a_i) / c(k + 1)
@@ -46,6 +47,10 @@ class PolicyConfig:
     # one-token step (llama.cpp Q4_1 here: 2.9%; transformers fp32 0.5%, where retiring a drafter that
     # pays later cost more than it saved: docs/results/retire-transformers/).
     retire_min_idle_share: float = 0.015
+    # Passes after which a generation's ledger is read: the time its expensive drafts were expected to save over
+    # the cheap drafts (or plain steps), less their drafting time and the features and ingest every pass pays
+    # while the drafter is in use. Below zero, the drafter retires (with retire_after > 0; 0 here = never).
+    ledger_after: int = 24
     max_rest_runs: int = 8  # longest run of generations a retired drafter sits out before it is tried again
     prior_acceptance: float = 0.6  # per-slot acceptance assumed by choose_dtype before anything is observed
     tree: int = 0  # draft tree node budget: 0 = a chain; -1 = the best budget up to 15 from the cost curve
@@ -101,6 +106,7 @@ class SpeculationPolicy:
     def __post_init__(self) -> None:
         self.calibrator = AcceptanceCalibrator(self.config.bins, self.config.prior_strength)
         self.skip = self.skip_left = self.misses_at_max = 0
+        self.saved_ms, self.drafted = 0.0, False
         self.retired_at: int | None = None  # verification step at which the expensive drafter retired
         self.steps = 0
         self.rest_runs = self.retired_runs = 0  # generations left to sit out; trial runs in a row that retired
@@ -117,6 +123,7 @@ class SpeculationPolicy:
             self.rest_runs = min(2 ** (self.retired_runs - 1), self.config.max_rest_runs) if self.retired_runs else 0
         self.skip = self.skip_left = self.misses_at_max = self.steps = 0
         self.retired_at = None
+        self.saved_ms, self.drafted = 0.0, False  # the ledger: expected ms saved by the expensive drafter
         if self.rest_runs:  # this generation starts without the expensive drafter
             self.rest_runs -= 1
             self.retired_at = 0
@@ -125,14 +132,23 @@ class SpeculationPolicy:
     def retire_expensive(self) -> bool:
         return self.retired_at is not None
 
+    def idle_ms(self, tokens: int = 1) -> float:
+        """What keeping the drafter in use costs on a pass that commits `tokens`, drafting or not: the target's
+        features and the drafter's ingest (0 if unmeasured)."""
+        if self.curve is None:
+            return 0.0
+        return (self.curve.feature_ms or 0.0) + (self.curve.ingest_ms or 0.0) * tokens
+
     def idle_drafter_share(self) -> float:
         """What keeping a resting drafter costs per step, as a share of a one-token step (0 if unmeasured)."""
-        if self.curve is None or not self.curve.ingest_ms:
-            return 0.0
-        return self.curve.ingest_ms / self.curve.cost(1, self.curve.contexts[0])
+        return 0.0 if self.curve is None else self.idle_ms() / self.curve.cost(1, self.curve.contexts[0])
 
     def pass_cost(self, q: int, context: int) -> float:
         return 1.0 if self.curve is None else self.curve.cost(q, context)
+
+    def draft_ms(self) -> float:
+        """The measured time of one expensive draft, in pass_cost's units (0 if unmeasured)."""
+        return 0.0 if self.curve is None else (self.curve.draft_ms or 0.0)
 
     def wants_draft(self) -> bool:
         if self.skip_left > 0:
@@ -145,19 +161,28 @@ class SpeculationPolicy:
         when nothing pays."""
         if self.config.tree and any(d.slot_probs is not None and len(d.tokens) for d in candidates):
             return self.plan_tree(candidates, context)
+        if not self.config.adaptive:
+            draft = next((d for d in candidates if len(d.tokens)), None)
+            return None if draft is None else self._take(draft, len(draft.tokens))
         best, best_k, best_rate = None, 0, 1.0 / self.pass_cost(1, context)
+        expensive_rate = 0.0  # the best rate an expensive draft gives once its drafting time is counted
         for draft in candidates:
-            k_max = len(draft.tokens)
-            if k_max == 0:
-                continue
-            if not self.config.adaptive:
-                return self._take(draft, k_max)
-            gains = expected_committed(self.calibrator.estimate(draft.source, draft.confidence_or_default()))
-            for k in range(1, k_max + 1):
-                rate = gains[k] / self.pass_cost(k + 1, context)
-                if rate > best_rate:
-                    best, best_k, best_rate = draft, k, rate
-        self._back_off(candidates, paid=best is not None and best.expensive)
+            for k, gain in enumerate(self._gains(draft)[1:], start=1):
+                cost = self.pass_cost(k + 1, context)
+                if gain / cost > best_rate:
+                    best, best_k, best_rate = draft, k, gain / cost
+                if draft.expensive:
+                    expensive_rate = max(expensive_rate, gain / (cost + self.draft_ms()))
+        # The draft is made, so the best one is verified; but it paid for itself only if it beats what the cheap
+        # drafts offered by more than its own drafting time (else, on a steep curve, a hybrid's drafter keeps
+        # drafting where the n-gram lookup alone would have been faster).
+        without = self._rate_without_expensive(candidates, context)
+        self._back_off(candidates, paid=expensive_rate > without)
+        if best is not None and best.expensive:
+            cost = self.pass_cost(best_k + 1, context)
+            self._account(candidates, best_rate * cost, cost, without)
+        else:
+            self._account(candidates, 0.0, 0.0, without)
         if best is None:
             self.lengths[0] += int(any(len(d.tokens) for d in candidates))  # a plain step by choice
             return None
@@ -195,12 +220,35 @@ class SpeculationPolicy:
         else:
             n = max(range(len(tree) + 1), key=lambda m: (1 + cum[m]) / self.pass_cost(m + 1, context))
         self.lengths[n] += 1
-        self._back_off(candidates, paid=n > 0)
+        without, cost = self._rate_without_expensive(chains, context), self.pass_cost(n + 1, context)
+        self._back_off(candidates, paid=n > 0 and (1 + cum[n]) / (cost + self.draft_ms()) > without)
+        self._account(candidates, 1 + cum[n] if n else 0.0, cost if n else 0.0, without)
         if n == 0:
             return None
         self.sources["tree"] += 1
         return DraftTree(tree.tokens[:n], tree.parents[:n], tree.depths[:n], source=block.source,
                          confidence=conf)
+
+    def _gains(self, draft: Draft) -> list[float]:
+        """Expected tokens committed when verifying the first k of this draft, k = 0..len (calibrated)."""
+        return expected_committed(self.calibrator.estimate(draft.source, draft.confidence_or_default()))
+
+    def _rate_without_expensive(self, candidates: list[Draft], context: int) -> float:
+        """Expected committed tokens per ms of the best plan that no expensive draft is part of: a plain step,
+        or a cheap draft (the n-gram lookup's) cut to its best length."""
+        rates = [1.0 / self.pass_cost(1, context)]
+        for draft in candidates:
+            if not draft.expensive:
+                rates += [g / self.pass_cost(k + 1, context) for k, g in enumerate(self._gains(draft)[1:], start=1)]
+        return max(rates)
+
+    def _account(self, candidates: list[Draft], gain: float, cost: float, without: float) -> None:
+        """The ledger, on a step the expensive drafter drafted: its plan commits `gain` tokens (expected) in a
+        pass of `cost` ms, which the best plan without it would take gain / without ms to commit; its drafting
+        time is spent either way (gain 0: its draft was not verified)."""
+        if any(len(d.tokens) and d.expensive for d in candidates):
+            self.drafted = True
+            self.saved_ms += (gain / without - cost if gain else 0.0) - self.draft_ms()
 
     def _back_off(self, candidates: list[Draft], paid: bool) -> None:
         """Drafted at a cost: skip drafting for 1, 2, 4, ... steps (up to max_skip) while nothing it proposed
@@ -225,10 +273,16 @@ class SpeculationPolicy:
         self.steps += 1
         if draft is not None and len(draft.tokens):
             self.calibrator.update(draft.source, draft.confidence_or_default(), n_accepted)
+        if self.drafted and self.retired_at is None:
+            self.saved_ms -= self.idle_ms(n_accepted + 1)
+            if (self.config.retire_after and self.config.ledger_after and self.steps >= self.config.ledger_after
+                    and self.saved_ms < 0):
+                self.retired_at = self.steps
 
     def stats(self) -> dict:
         return {"draft_sources": dict(self.sources), "draft_lengths": {int(k): v for k, v in sorted(self.lengths.items())},
-                "expensive_drafter_retired_at_step": self.retired_at}  # 0: sat out the whole generation
+                "expensive_drafter_retired_at_step": self.retired_at,  # 0: sat out the whole generation
+                "expected_ms_saved_by_drafter": round(self.saved_ms, 2)}
 
 
 def expected_rate(curve: CostCurve, acceptance: float, block: int, with_drafter: bool, context: int = 256) -> tuple[float, int]:

@@ -20,9 +20,9 @@ from hyflash.policy import AcceptanceCalibrator, PolicyConfig, SpeculationPolicy
 from hyflash.sampling import SamplingConfig, verify_block
 
 
-def curve(costs, contexts=(0,), draft_ms=None, dtype="float32", ingest_ms=0.0) -> CostCurve:
+def curve(costs, contexts=(0,), draft_ms=None, dtype="float32", ingest_ms=0.0, feature_ms=None) -> CostCurve:
     rows = [list(costs)] if not isinstance(costs[0], (list, tuple)) else [list(r) for r in costs]
-    return CostCurve("m", dtype, list(contexts), rows, draft_ms, ingest_ms, {"cpu": "test"})
+    return CostCurve("m", dtype, list(contexts), rows, draft_ms, ingest_ms, {"cpu": "test"}, feature_ms)
 
 
 def draft(conf, source="drafter", expensive=True) -> Draft:
@@ -81,6 +81,45 @@ def test_expensive_drafter_backs_off_doubling_and_recovers():
     assert skipped == [1, 2, 4, 4]
     assert policy.plan([draft([0.99, 0.99])], 0) is not None  # a paying draft resets the back-off
     assert policy.wants_draft()
+
+
+def test_an_expensive_draft_pays_only_by_more_than_its_drafting_time():
+    """llama.cpp Q4_1 on a 2-core Xeon: a draft costs ~15% of a step. A drafter whose draft beats the n-gram
+    lookup's by less than that is still verified (it is made), but counts as not paying, so it backs off;
+    one that beats it by more keeps drafting. Without a measured draft cost nothing changes."""
+    ngram = draft([0.85, 0.85], source="ngram", expensive=False)
+    slightly_better = draft([0.95, 0.92])
+    steep = [10, 13, 18]
+    policy = SpeculationPolicy(curve(steep, draft_ms=2.0))
+    assert policy.plan([slightly_better, ngram], 0).source == "drafter"
+    assert not policy.wants_draft()  # backs off
+    free = SpeculationPolicy(curve(steep))
+    assert free.plan([slightly_better, ngram], 0).source == "drafter" and free.wants_draft()
+    alone = SpeculationPolicy(curve(steep, draft_ms=2.0))  # no n-gram draft: beating a plain step is enough
+    assert alone.plan([slightly_better], 0) is not None and alone.wants_draft()
+    much_better = SpeculationPolicy(curve(steep, draft_ms=2.0))
+    assert much_better.plan([draft([0.99, 0.99]), draft([0.5], source="ngram", expensive=False)], 0) is not None
+    assert much_better.wants_draft()
+
+
+def test_a_drafter_whose_savings_do_not_cover_its_features_retires_by_the_ledger():
+    """Each draft is worth verifying (k = 1 beats a plain step, drafting time included), so it never backs
+    off; but the features the target records and the ingest on every pass cost more than the drafts save,
+    so after ledger_after passes it retires. Cheaper features: it stays. --keep-drafter: it stays."""
+    def run(feature_ms, **config):
+        policy = SpeculationPolicy(curve([10, 13, 18], draft_ms=1.0, ingest_ms=0.3, feature_ms=feature_ms),
+                                   PolicyConfig(ledger_after=24, **config))
+        policy.start_run()
+        for _ in range(30):
+            if not policy.retire_expensive:
+                assert policy.wants_draft() and len(policy.plan([draft([0.65, 0.65])], 0).tokens) == 1
+            policy.observe(None, 0)  # calibration kept at the prior: only the ledger moves
+        return policy
+    costly = run(feature_ms=3.0)  # per pass: saves 1.65 * 10 - 13 - 1 = 2.5 ms, pays 3.3 ms
+    assert costly.retire_expensive and costly.stats()["expensive_drafter_retired_at_step"] == 24
+    cheap = run(feature_ms=0.5)
+    assert not cheap.retire_expensive and cheap.stats()["expected_ms_saved_by_drafter"] == pytest.approx(30 * 1.7)
+    assert not run(feature_ms=3.0, retire_after=0).retire_expensive
 
 
 def test_tree_mode_backs_off_when_no_tree_pays():
