@@ -168,6 +168,7 @@ def test_measure_target_and_cache(llama_target, tmp_path, monkeypatch):
     again, measured_again = calibrate("tiny", "float32", drafter_spec=None, contexts=(8,), reps=1,
                                       target=llama_target)
     assert measured and not measured_again and again == first
+    assert first.feature_ms is not None and first.feature_ms >= 0  # what recording features adds to a pass
     files = list((tmp_path / "calibration").glob("*.json"))
     assert len(files) == 1
     data = json.loads(files[0].read_text())["curve"]
