@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from hyflash.distill import credit, losses, reach, tasks
-from hyflash.distill.protocol import best_learning_rate, grid_score, pick_layers
+from hyflash.distill.protocol import best_learning_rate, grid_score, pick_layers, rate_past_the_edge
 from hyflash.distill.report import build_summary
 from hyflash.distill.scales import SCALES, get_scale
 from hyflash.errors import HyflashError
@@ -143,6 +143,11 @@ def test_probe_and_grid_choices():
     assert layers == 8 and rule.startswith("no candidate reached 0.08")
     assert grid_score([0.1, 0.2, 0.3, 0.4], 1) == pytest.approx(0.3)
     assert best_learning_rate({3e-5: 0.2, 1e-4: 0.4, 3e-4: 0.4}) == 1e-4  # ties: first in grid order
+    # A best rate at the grid's edge extends the grid one step past it; a best inside does not.
+    assert rate_past_the_edge({3e-5: 0.4, 1e-4: 0.2, 3e-4: 0.1}) == pytest.approx(9e-6)
+    assert rate_past_the_edge({3e-5: 0.1, 1e-4: 0.2, 3e-4: 0.3}) == pytest.approx(9e-4)
+    assert rate_past_the_edge({3e-5: 0.1, 1e-4: 0.3, 3e-4: 0.2}) is None
+    assert rate_past_the_edge({3e-5: 0.0, 1e-4: 0.0, 3e-4: 0.0}) is None  # nothing learned: no direction
 
 
 # ----- the losses are normalised alike ----------------------------------------------------------------------

@@ -66,6 +66,18 @@ def best_learning_rate(scores: dict[float, float]) -> float:
     return max(scores, key=lambda lr: (scores[lr], -list(scores).index(lr)))
 
 
+def rate_past_the_edge(scores: dict[float, float]) -> float | None:
+    """The next rate to try when the lowest or the highest rate tried scores strictly better than its
+    neighbour and best of all (one grid step, the ratio of the two nearest rates, beyond it); else None."""
+    rates, best = sorted(scores), best_learning_rate(scores)
+    if len(rates) < 2:
+        return None
+    for edge, neighbour in ((rates[0], rates[1]), (rates[-1], rates[-2])):
+        if best == edge and scores[edge] > scores[neighbour]:
+            return edge * edge / neighbour
+    return None
+
+
 class Experiment:
     def __init__(self, out: Path, scale: Scale, progress: bool = True, keep_checkpoints: bool = False):
         self.out, self.scale, self.progress, self.keep_checkpoints = Path(out), scale, progress, keep_checkpoints
@@ -288,11 +300,17 @@ class Experiment:
         result = {"seed": s.grid_seed, "split": "val", "steps": steps, "score": "area under the smoothed curve",
                   "methods": {}}
         for method in s.methods:
-            scores = {}
-            for lr in s.lr_grid:
-                folder = self.out / "grid" / f"{method}-lr{lr:g}"
+            scores, extended = {}, 0
+            rates = list(s.lr_grid)
+            while rates:
+                lr = rates.pop(0)
+                folder = self.out / "grid" / f"{method}-lr{lr:.3g}"
                 evals = self._train(self._run_config(method, lr, s.grid_seed, folder, steps, "val", s.val_size))
                 scores[lr] = grid_score([e["accuracy"] for e in evals], s.smoothing_window)
+                beyond = None if rates or extended >= s.grid_extend else rate_past_the_edge(scores)
+                if beyond is not None:
+                    rates.append(beyond)
+                    extended += 1
             result["methods"][method] = {"scores": {f"{lr:g}": v for lr, v in scores.items()},
                                          "chosen_lr": best_learning_rate(scores)}
         atomic_write_json(path, result)

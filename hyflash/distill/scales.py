@@ -63,6 +63,9 @@ class Scale:
     lr_grid: tuple[float, ...] = (3e-5, 1e-4, 3e-4)  # the same grid for every method
     grid_seed: int = 1000  # the grid runs use their own seed and the validation split
     grid_steps: int = 0  # 0 = the runs' own number of steps
+    # Rates a method's grid may add past its edge while the edge rate scores best (the best may lie beyond it:
+    # in the first CPU run OPD and REOPOLD both chose the lowest rate), one grid step further each time.
+    grid_extend: int = 2
     run_checkpoint_every: int = 0  # steps between a run's checkpoints; 0 = only at its end (short runs)
     switch_fraction: float = 1 / 3  # REOPOLD's phase switch, as a fraction of the steps
     # 4. analysis
