@@ -150,6 +150,17 @@ def test_probe_and_grid_choices():
     assert rate_past_the_edge({3e-5: 0.0, 1e-4: 0.0, 3e-4: 0.0}) is None  # nothing learned: no direction
 
 
+@pytest.mark.parametrize("name", ["cpu", "cpu-long", "gpu"])
+def test_real_scales_meet_the_issue_bar_by_construction(name):
+    # Issue 15's bar: >= 500 held-out problems, >= 3 seeds per method, >= 2,000 student samples per run, a
+    # learning-rate grid on its own seed; a preset that cannot meet it wastes hours of CPU before anyone notices.
+    scale = get_scale(name)
+    assert scale.eval_size >= 500 and len(scale.seeds) >= 3 and scale.samples_per_run >= 2000
+    assert {"reopold", "opd"} <= set(scale.methods) and scale.grid_seed not in scale.seeds
+    assert len(scale.lr_grid) >= 2 and scale.base == "smollm2-135m"
+    assert scale.steps % scale.eval_every == 0 and scale.switch_step < scale.steps
+
+
 # ----- the losses are normalised alike ----------------------------------------------------------------------
 def test_valid_normalisation_only_drops_terms():
     g = torch.Generator().manual_seed(0)
