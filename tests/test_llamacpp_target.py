@@ -479,7 +479,7 @@ def test_amx_builds_keep_weights_out_of_extra_buffer_types(monkeypatch):
     """On a llama.cpp built with ggml's AMX backend, weights repacked into its buffers crash the first decode
     (a segfault, on the Xeon this was found on): hyflash's target and the llama-cpp-python peer both load
     without extra buffer types there, and with llama.cpp's defaults on every other build."""
-    import hyflash.targets.llamacpp as backend
+    import hyflash.targets.llamacpp_build as backend
 
     low_level = llama_cpp.llama_cpp
     library_default = low_level.llama_model_default_params

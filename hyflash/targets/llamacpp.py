@@ -23,11 +23,7 @@ chat templates are identical across backends; an arbitrary .gguf uses llama.cpp'
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import functools
-import hashlib
-import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,100 +42,24 @@ from hyflash.targets.base import (
     default_feature_layers,
     gguf_path,
 )
-
-try:
-    import llama_cpp
-except ImportError as exc:  # pragma: no cover - depends on the install
-    raise HyflashError(
-        "the llama.cpp backend needs llama-cpp-python: pip install llama-cpp-python==0.3.36"
-    ) from exc
+from hyflash.targets.llamacpp_build import (  # noqa: F401 (re-exported: the names scripts and tests import)
+    FLASH_ATTN,
+    LLAMA_CPP_CACHE,
+    default_cache_types,
+    file_fingerprint,
+    ggml_lib,
+    init_backend,
+    llama_cpp,
+    llama_cpp_peer,
+    matmul_kernels,
+    model_params,
+)
 
 DEFAULT_N_CTX = 8192  # enough for every bench context; a model trained on less gets its own
 BATCH = 512  # tokens per llama_decode call (prefill chunk), also the physical ubatch
-FLASH_ATTN = True  # the default (see LlamaCppTarget.__init__); llama.cpp peers in the bench use the same
-LLAMA_CPP_CACHE = ("f16", "f16")  # llama.cpp's own default
-# Weight types whose multi-token passes were measured bit-identical to one-token passes once K is q8_0, by the
-# llama.cpp build's matrix products (docs/results/llamacpp/kv_cache*.md). With llamafile's sgemm (stock pip
-# builds) an F16 file's multi-token products round differently from its one-token ones whatever the cache,
-# and there a q8_0 K only costs (up to 15% a step), so it keeps llama.cpp's default; `make venv` builds
-# without llamafile, and then F16 and Q8_0 are exact too. Check another file with
-# docs/results/llamacpp/kv_cache.py.
-EXACT_WITH_Q8_0_K = {"llamafile": frozenset({"Q4_1"}), "ggml": frozenset({"Q4_1", "Q8_0", "F16"})}
 TREE_LEAVES = 32  # most leaves of a draft tree (one sequence each: ids 1..TREE_LEAVES); 0 is the verified text
 JUNK_SEQ = TREE_LEAVES + 1  # holds rejected tree nodes' cells until they can be dropped without leaving holes
 JUNK_LIMIT = 512  # junk cells that trigger a compaction of the cache (their masked scan costs a little per pass)
-
-_backend_ready = False
-
-
-@functools.cache  # a property of the loaded library, which a process cannot swap
-def _built_with(feature: str) -> bool:
-    """Whether llama.cpp's system info lists `feature` (e.g. "LLAMAFILE") as compiled in."""
-    return f"{feature} = 1".encode() in llama_cpp.llama_print_system_info()
-
-
-def matmul_kernels() -> str:
-    """ "llamafile" when this llama.cpp build multiplies with llamafile's sgemm (llama.cpp's default build
-    option GGML_LLAMAFILE, which pip's stock build keeps), else "ggml" (its own kernels only)."""
-    return "llamafile" if _built_with("LLAMAFILE") else "ggml"
-
-
-def has_amx_backend() -> bool:
-    """Whether this llama.cpp build has ggml's AMX backend (built natively on a CPU with AMX, as pip does)."""
-    return _built_with("AMX_INT8")
-
-
-def model_params(default=None):
-    """llama.cpp's default model parameters, except on a build with the AMX backend: there its extra buffer
-    types (weights repacked for AMX: Q4_0, Q4_1, Q8_0 and K-quants) crash the first decode with a segfault
-    (measured on a 2-core Xeon VM with AMX, 2026-12-02, llama-cpp-python's own `Llama` too; llama.cpp issue
-    #20824), so weights stay in plain CPU buffers, which llama.cpp's AVX-512 kernels multiply. `default`: the
-    function to start from (the peer passes the library's own, which it replaces while `Llama` loads)."""
-    params = (default or llama_cpp.llama_model_default_params)()
-    if has_amx_backend():
-        params.use_extra_bufts = False
-    return params
-
-
-@contextlib.contextmanager
-def _peer_model_params():
-    """While llama-cpp-python's `Llama` loads a model, its model parameters are `model_params()`'s (it has no
-    argument for extra buffer types and reads the library's defaults)."""
-    low_level = llama_cpp.llama_cpp
-    original = low_level.llama_model_default_params
-    low_level.llama_model_default_params = functools.partial(model_params, original)
-    try:
-        yield
-    finally:
-        low_level.llama_model_default_params = original
-
-
-def default_cache_types(precision: str, kernels: str | None = None) -> tuple[str, str]:
-    """The KV cache types "auto" means for a GGUF of this weight type (`LlamaCppTarget.precision`) on a build
-    with these `matmul_kernels()` (default: the installed build's)."""
-    exact = EXACT_WITH_Q8_0_K[kernels or matmul_kernels()]
-    return ("q8_0", "f16") if precision in exact else LLAMA_CPP_CACHE
-
-
-def _ggml_lib() -> ctypes.CDLL:
-    """ggml's C API (ggml_get_name, ggml_nbytes, ggml_backend_tensor_get): the tensors the eval callback
-    receives are ggml tensors, and llama-cpp-python binds only llama.h."""
-    lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
-    lib.ggml_get_name.argtypes, lib.ggml_get_name.restype = [ctypes.c_void_p], ctypes.c_char_p
-    lib.ggml_nbytes.argtypes, lib.ggml_nbytes.restype = [ctypes.c_void_p], ctypes.c_size_t
-    lib.ggml_nelements.argtypes, lib.ggml_nelements.restype = [ctypes.c_void_p], ctypes.c_int64
-    lib.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
-    lib.ggml_backend_tensor_get.restype = None
-    return lib
-
-
-def _init_backend() -> None:
-    global _backend_ready
-    if not _backend_ready:
-        # llama.cpp logs every load (and its errors) to stderr, through this logger: hyflash reports them itself.
-        logging.getLogger("llama-cpp-python").setLevel(logging.CRITICAL)
-        llama_cpp.llama_backend_init()
-        _backend_ready = True
 
 
 class LlamaCppTokenizer:
@@ -215,30 +135,6 @@ class _TreeBlock:
         return cls(start, positions, seqs, [1 + j for j in range(len(leaves))])
 
 
-def file_fingerprint(path: Path, edge: int = 1 << 20) -> str:
-    """sha256 of a file's size, first and last MiB: the header (every tensor's type and shape) and a sample of
-    the weights, in milliseconds where hashing a whole GGUF takes a second."""
-    size = path.stat().st_size
-    digest = hashlib.sha256(str(size).encode())
-    with open(path, "rb") as f:
-        digest.update(f.read(edge))
-        f.seek(max(0, size - edge))
-        digest.update(f.read(edge))
-    return digest.hexdigest()[:20]
-
-
-def llama_cpp_peer(path: Path, target=None, **kwargs) -> "llama_cpp.Llama":
-    """llama-cpp-python's own `Llama` on `path` with the settings that decide its greedy text: the threads,
-    flash attention and KV cache types of `target` (a LlamaCppTarget), or this backend's defaults (with
-    torch's thread count) for any other target. It is the plain llama.cpp run hyflash's output must equal."""
-    threads = getattr(target, "threads", None) or torch.get_num_threads()
-    cache_k, cache_v = getattr(target, "cache_types", LLAMA_CPP_CACHE)
-    settings = dict(n_threads=threads, n_threads_batch=threads, flash_attn=getattr(target, "flash_attn", FLASH_ATTN),
-                    type_k=CACHE_TYPES[cache_k], type_v=CACHE_TYPES[cache_v], verbose=False)
-    with _peer_model_params():
-        return llama_cpp.Llama(str(path), **(settings | kwargs))
-
-
 def _hf_tokenizer(name: str, folder: Path, gguf_file: str):
     """The tokenizer the transformers backend uses for a built-in model: its cached conversion, else the
     same tokenizer read from the GGUF (what the conversion saves), without converting the weights."""
@@ -265,7 +161,7 @@ class LlamaCppTarget(BaseTarget):
                 raise HyflashError(f"unknown KV cache type {what}={kind!r}: use auto or one of {', '.join(CACHE_TYPES)}")
         if not path.is_file():
             raise HyflashError(f"no GGUF file at {path}: pass a built-in model name or an existing .gguf file")
-        _init_backend()
+        init_backend()
         self.path = path
         self.name = name or path.name
         self._model = self._ctx = None
@@ -292,7 +188,7 @@ class LlamaCppTarget(BaseTarget):
                 self._tensor_of[b"result_norm"] = j  # hidden_states[L] is the final norm's output
         # The graph keeps only output rows after the last layer: the final norm's rows need every output.
         self._all_outputs = self.num_layers in self.feature_layers
-        self._ggml = _ggml_lib()
+        self._ggml = ggml_lib()
         self._recording = False
         self._parts: list[list[np.ndarray]] = [[] for _ in self.feature_layers]
         self._callback_error: BaseException | None = None
