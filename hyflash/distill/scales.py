@@ -5,7 +5,7 @@ One typed config holds every number the protocol uses; four presets size it:
   and resume) runs in seconds on one CPU thread. It tests the machinery, not REOPOLD.
 - cpu:  SmolLM2-135M on a 2-core CPU, sized to finish in a few hours in the background (an estimate from
   per-step costs on this machine, not a measurement of the whole run).
-- cpu-long: cpu with 4,096 samples per run and a grid one step lower (1e-5, 3e-5, 1e-4), ~5-6 hours.
+- cpu-long: cpu with 4,096 samples per run and a grid one step lower (1e-5, 3e-5, 1e-4), ~7-8 hours.
 - gpu:  SmolLM2-135M on one H200, sized for the whole grid in under 9 minutes (an estimate, not measured
   here: no GPU was available when it was written).
 The cpu and gpu presets meet the bar of issue 15: >= 500 held-out problems, 3 seeds per method, >= 2,000
