@@ -161,6 +161,21 @@ def test_real_scales_meet_the_issue_bar_by_construction(name):
     assert scale.steps % scale.eval_every == 0 and scale.switch_step < scale.steps
 
 
+def test_a_stage_stopped_by_an_error_still_counts_its_time(tmp_path):
+    from hyflash.distill.protocol import Experiment
+
+    experiment = Experiment(tmp_path, get_scale("tiny"), progress=False)
+
+    def interrupted():
+        time.sleep(0.05)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        experiment._stage("grid", interrupted)
+    experiment._stage("grid", lambda: None)  # the resumed invocation adds to it
+    assert json.loads((tmp_path / "timing.json").read_text())["grid"] >= 0.05
+
+
 # ----- the losses are normalised alike ----------------------------------------------------------------------
 def test_valid_normalisation_only_drops_terms():
     g = torch.Generator().manual_seed(0)

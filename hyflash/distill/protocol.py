@@ -104,11 +104,13 @@ class Experiment:
         if self.progress:
             print(f"reopold-experiment ({self.scale.name}): stage {name}", flush=True)
         t0 = time.time()
-        fn()
-        path = self.out / "timing.json"
-        timing = json.loads(path.read_text()) if path.exists() else {}
-        timing[name] = timing.get(name, 0.0) + time.time() - t0
-        atomic_write_json(path, timing)
+        try:
+            fn()
+        finally:  # a stage stopped by an error or Ctrl-C still counts its time (a SIGKILL cannot be counted)
+            path = self.out / "timing.json"
+            timing = json.loads(path.read_text()) if path.exists() else {}
+            timing[name] = timing.get(name, 0.0) + time.time() - t0
+            atomic_write_json(path, timing)
 
     def _check_scale(self) -> None:
         path, want = self.out / "scale.json", json.loads(json.dumps(self.scale.as_dict()))
