@@ -181,6 +181,37 @@ def test_measure_target_and_cache(llama_target, tmp_path, monkeypatch):
         torch.set_num_threads(before)
 
 
+def test_a_machine_that_slows_while_measured_does_not_bend_the_cost_curve(monkeypatch):
+    """A pass costs q units on a machine 1% slower with every pass: timed in rounds with c(1) between passes,
+    c(8) / c(1) stays near 8 (timed q after q, c(1) early and c(8) late, it read ~9.5)."""
+    import hyflash.calibration as calibration
+
+    class SlowingTarget:
+        max_context, vocab_size = 4096, 100
+
+        def __init__(self):
+            self.now, self.passes = 0.0, 0
+
+        def prefill(self, ids, features=False):
+            pass
+
+        def score(self, ids, features=True):
+            self.passes += 1
+            self.now += len(ids) * 1e-3 * (1 + 0.01 * self.passes)
+
+        def rollback(self, length):
+            pass
+
+        def reset(self):
+            pass
+
+    target = SlowingTarget()
+    monkeypatch.setattr(calibration, "_clock", lambda: target.now)
+    (row,) = measure_target(target, contexts=(64,), max_q=8, reps=3)
+    assert row[7] / row[0] == pytest.approx(8, rel=0.05)
+    assert row[3] / row[0] == pytest.approx(4, rel=0.05)
+
+
 FAST = settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
