@@ -28,7 +28,10 @@ import torch
 from hyflash.errors import HyflashError
 
 FORMAT_VERSION = 2  # 2: feature_ms
-DEFAULT_CONTEXTS = (256, 1024)
+# 64: below the first measured context the curve is flat, and a one-token llama.cpp Q4_1 pass costs ~2 ms
+# (~17%) less at 64 tokens of context than at 256, so chat-length prompts were costed as if 256 tokens long.
+DEFAULT_CONTEXTS = (64, 256, 1024)
+DRAFTER_CONTEXT = 256  # a drafter's step is timed with its window full (the shipped drafter reads 256 tokens)
 _clock = time.perf_counter  # a module attribute, so tests can give measure_target a clock of their own
 MAX_Q = 16
 
@@ -177,25 +180,47 @@ def measure_target(target, contexts=DEFAULT_CONTEXTS, max_q: int = MAX_Q, reps: 
             target.score(ids[context : context + q], features=features)
             target.rollback(context)
         times: list[list[float]] = [[] for _ in range(max_q)]
-
-        def one_pass(q: int) -> None:
-            t0 = _clock()
-            target.score(ids[context : context + q], features=features)
-            times[q - 1].append((_clock() - t0) * 1000)
-            target.rollback(context)
-
         for _ in range(reps):
             for q in range(1, max_q + 1):
-                one_pass(q)
+                times[q - 1].append(_timed_pass(target, ids[context : context + q], features, context))
                 if q > 1:
-                    one_pass(1)
+                    times[0].append(_timed_pass(target, ids[context : context + 1], features, context))
         rows.append([statistics.median(t) for t in times])
     target.reset()
     return rows
 
 
+def _timed_pass(target, block: torch.Tensor, features: bool, context: int) -> float:
+    """ms of one cached target pass over `block` after `context` tokens (the cache is put back after it)."""
+    t0 = _clock()
+    target.score(block, features=features)
+    ms = (_clock() - t0) * 1000
+    target.rollback(context)
+    return ms
+
+
 @torch.inference_mode()
-def measure_drafter(target, drafter, context: int = DEFAULT_CONTEXTS[0], reps: int = 5) -> tuple[float, float]:
+def measure_feature_ms(target, context: int, reps: int = 15) -> float:
+    """What recording features adds to a one-token pass: the median of paired differences, each a pass with
+    features next to one without (in alternating order), so drift cancels within a pair. Two medians taken one
+    after the other read 0.4-1.8 ms on the same llama.cpp file within an hour."""
+    context = min(context, target.max_context - 2)
+    ids = torch.randint(0, target.vocab_size, (context + 1,), generator=torch.Generator().manual_seed(2))
+    target.prefill(ids[:context], features=False)
+    block = ids[context:]
+    for features in (True, False):  # warm-up
+        _timed_pass(target, block, features, context)
+    diffs = []
+    for r in range(reps):
+        order = (True, False) if r % 2 == 0 else (False, True)
+        ms = {features: _timed_pass(target, block, features, context) for features in order}
+        diffs.append(ms[True] - ms[False])
+    target.reset()
+    return max(0.0, statistics.median(diffs))
+
+
+@torch.inference_mode()
+def measure_drafter(target, drafter, context: int = DRAFTER_CONTEXT, reps: int = 5) -> tuple[float, float]:
     """(ms per drafted block, ms per ingested token) of a drafter after `context` tokens of real features."""
     from hyflash.sampling import SamplingConfig
 
@@ -255,11 +280,10 @@ def calibrate(model: str, dtype: str, drafter_spec: str | None = "default", cont
     pass_ms = measure_target(target, contexts, reps=reps, features=features)
     draft_ms = ingest_ms = feature_ms = None
     if drafter is not None:
-        draft_ms, ingest_ms = measure_drafter(target, drafter, contexts[0])
+        drafter_context = next((c for c in contexts if c >= DRAFTER_CONTEXT), max(contexts))
+        draft_ms, ingest_ms = measure_drafter(target, drafter, drafter_context)
     if features:
-        without = measure_target(target, contexts[:1], max_q=1, reps=5 * reps, features=False)[0][0]
-        with_features = measure_target(target, contexts[:1], max_q=1, reps=5 * reps, features=True)[0][0]
-        feature_ms = max(0.0, with_features - without)
+        feature_ms = measure_feature_ms(target, contexts[0], reps=5 * reps)
     curve = CostCurve(model, target.precision, [int(c) for c in contexts], pass_ms, draft_ms, ingest_ms, key,
                       feature_ms)
     from hyflash.files import atomic_write_json

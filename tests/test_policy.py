@@ -210,6 +210,15 @@ def test_a_machine_that_slows_while_measured_does_not_bend_the_cost_curve(monkey
     (row,) = measure_target(target, contexts=(64,), max_q=8, reps=3)
     assert row[7] / row[0] == pytest.approx(8, rel=0.05)
     assert row[3] / row[0] == pytest.approx(4, rel=0.05)
+    # Features cost 0.5 units a pass on the same slowing machine: paired passes read it, whatever the drift.
+    score = target.score
+
+    def score_with_features(ids, features=True):
+        score(ids, features)
+        target.now += 0.5e-3 * features
+
+    target.score = score_with_features
+    assert calibration.measure_feature_ms(target, context=64, reps=15) == pytest.approx(0.5, abs=0.05)
 
 
 FAST = settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
