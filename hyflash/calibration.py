@@ -153,9 +153,9 @@ def cache_path(key: dict) -> Path:
 def _median_ms(fn, reps: int) -> float:
     times = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = _clock()
         fn()
-        times.append((time.perf_counter() - t0) * 1000)
+        times.append((_clock() - t0) * 1000)
     return statistics.median(times)
 
 
@@ -177,8 +177,7 @@ def measure_target(target, contexts=DEFAULT_CONTEXTS, max_q: int = MAX_Q, reps: 
         ids = torch.randint(0, target.vocab_size, (context + max_q,), generator=gen)
         target.prefill(ids[:context], features=False)
         for q in (1, 2):  # warm-up: first calls pay one-off costs
-            target.score(ids[context : context + q], features=features)
-            target.rollback(context)
+            _timed_pass(target, ids[context : context + q], features, context)
         times: list[list[float]] = [[] for _ in range(max_q)]
         for _ in range(reps):
             for q in range(1, max_q + 1):
@@ -280,8 +279,7 @@ def calibrate(model: str, dtype: str, drafter_spec: str | None = "default", cont
     pass_ms = measure_target(target, contexts, reps=reps, features=features)
     draft_ms = ingest_ms = feature_ms = None
     if drafter is not None:
-        drafter_context = next((c for c in contexts if c >= DRAFTER_CONTEXT), max(contexts))
-        draft_ms, ingest_ms = measure_drafter(target, drafter, drafter_context)
+        draft_ms, ingest_ms = measure_drafter(target, drafter, min(DRAFTER_CONTEXT, max(contexts)))
     if features:
         feature_ms = measure_feature_ms(target, contexts[0], reps=5 * reps)
     curve = CostCurve(model, target.precision, [int(c) for c in contexts], pass_ms, draft_ms, ingest_ms, key,
