@@ -96,9 +96,9 @@ def small_vocab_target():
     return Target(tiny_llama(seed=3, vocab=6, hidden=16, layers=2), name="tiny-vocab6")
 
 
-def _sample_counts(target, prompt, length, sampling, runs, policy=None, events=None):
+def _sample_counts(target, prompt, length, sampling, runs, policy=None, events=None, drafter=None):
     """Counts of whole outputs; `events` (a Counter) collects (drafted, accepted) of every verification."""
-    drafter = RandomDrafter(target.vocab_size, block_size=4, seed=7)
+    drafter = drafter or RandomDrafter(target.vocab_size, block_size=4, seed=7)
     counts: dict = {}
     for seed in range(runs):
         out = generate(target, prompt, drafter, max_new_tokens=length, sampling=sampling, seed=seed, policy=policy)
@@ -148,6 +148,35 @@ def test_speculative_sampling_matches_target_distribution(small_vocab_target, sa
         assert events["slot", 1, "accepted"] > 50 and events["slot", 1, "rejected"] > 50
     if adaptive:  # the policy really chose: plain steps (k = 0) although drafts were there, and k = 2
         assert events["k", 0] > 50 and events["k", 2] > 50, events
+
+
+def test_sampling_with_a_copy_pointer_drafter_matches_target_distribution(small_vocab_target):
+    """A trained-drafter path with a copy input and a pointer out of a 3-id draft vocabulary: its reported q
+    (draft vocabulary + the candidates the pointer reaches) must keep the output exactly the target's."""
+    from hyflash.drafters.config import DrafterConfig
+    from hyflash.drafters.model import DrafterModel
+    from hyflash.drafters.state import DrafterState
+
+    torch.manual_seed(0)
+    config = DrafterConfig.for_target(small_vocab_target, block_size=4, window=8, chunk_size=4, num_heads=2,
+                                      head_dim=8, copy_ngram=2, draft_vocab_size=3)
+    model = DrafterModel(config, small_vocab_target).float()
+    target = small_vocab_target
+    with torch.no_grad():  # the copy input pushes each slot towards its candidate: the pointer gets real mass
+        head, emb = target.head_weight().float(), target.embed(torch.arange(target.vocab_size)).float()
+        model.copy_proj.weight.copy_(3 * torch.linalg.lstsq(emb, head).solution.T)
+    # Ids 0-2 form the draft vocabulary; the prompt repeats 4, 5, which only the pointer can draft.
+    sampling, prompt, length, runs = SamplingConfig(temperature=1.0), [4, 5, 3, 4, 5], 4, 2000
+    drafter = DrafterState(model)
+    state = DrafterState(model)
+    state.ingest(torch.tensor(prompt[:-1]), torch.randn(3, len(small_vocab_target.feature_layers),
+                                                        small_vocab_target.hidden_size))
+    draft = state.draft(prompt[-1], 3, sampling, torch.Generator().manual_seed(0))
+    assert len(draft.vocab_ids) > 3  # the pointer reaches outside the draft vocabulary here
+    expected = _exact_sequence_probs(small_vocab_target, prompt, length, sampling)
+    counts = _sample_counts(small_vocab_target, prompt, length, sampling, runs, drafter=drafter)
+    stat, df = _chi_square(counts, expected, runs)
+    assert stat < _chi_square_critical(df), f"chi2 {stat:.1f} on {df} df"
 
 
 def test_the_test_catches_a_wrong_rule(small_vocab_target, monkeypatch):

@@ -37,6 +37,10 @@ class DrafterConfig:
     intermediate_size: int = 0  # MLP width; 0 = 8/3 hidden rounded up to a multiple of 64
     memory_combine: str = "gate"  # gate: attn + sigmoid(W x) * memory per head | sum: attn + memory
     slot_inputs: bool = True  # add the anchor embedding and last context feature to every block slot
+    # Copy input (hyflash.drafters.copy): 0 = off; n > 0 = every slot also gets the token that the longest
+    # (<= n) recurring suffix of the context continues with, and its match length; with a reduced draft
+    # vocabulary the output gains a pointer to that token, so a copy outside the vocabulary can be drafted.
+    copy_ngram: int = 0
     rope_theta: float = 10000.0
     rms_eps: float = 1e-6
     mask_token_id: int | None = None  # None: a learned mask vector; else this embedding row
@@ -63,12 +67,18 @@ class DrafterConfig:
         need(self.head_dim >= 2 and self.head_dim % 2 == 0, f"head_dim must be even, got {self.head_dim}")
         need(self.num_heads >= 0 and self.intermediate_size >= 0, "num_heads and intermediate_size must be >= 0")
         need(self.draft_vocab_size is None or self.draft_vocab_size >= 1, "draft_vocab_size must be >= 1")
+        need(0 <= self.copy_ngram <= 16, f"copy_ngram must be in 0..16 (0 = no copy input), got {self.copy_ngram}")
         self.feature_layers = [int(i) for i in self.feature_layers]
 
     # ----- derived facts -------------------------------------------------------------------------------
     @property
     def has_memory(self) -> bool:
         return self.kind in ("memory", "hyflash")
+
+    @property
+    def has_pointer(self) -> bool:
+        """Whether the output has a pointer column: a copy input with a reduced draft vocabulary."""
+        return self.copy_ngram > 0 and self.draft_vocab_size is not None
 
     @property
     def attention_window(self) -> int | None:

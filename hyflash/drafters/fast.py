@@ -118,6 +118,10 @@ class FastDraft(nn.Module):
         if cfg.slot_inputs:  # [W_a | W_c] reads [emb; context]: one Linear for anchor_proj + context_proj
             self.slot_proj = frozen_linear(torch.cat([model.anchor_proj.weight.detach(),
                                                       model.context_proj.weight.detach()], 1))
+        self.copy_proj = self.copy_length = None
+        if cfg.copy_ngram:
+            self.copy_proj = frozen_linear(model.copy_proj.weight.detach())
+            self.copy_length = model.copy_length.weight.detach().clone()
         self.norm = model.norm.weight.detach()
         self.mask_rows = model.mask_vector().detach().to(self.norm).expand(cfg.block_size - 1, -1).clone()
         p = model.norm.weight
@@ -134,12 +138,20 @@ class FastDraft(nn.Module):
             quantize_dynamic(self, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
         return self
 
-    def hidden(self, state, last_token: int) -> torch.Tensor:
+    def hidden(self, state, last_token: int, copy=None) -> torch.Tensor:
         """Final hidden states [block_size - 1, H] of the block at position `state.length` (as
-        `DrafterState.block_hidden` computes them with the general path)."""
+        `DrafterState.block_hidden` computes them with the general path); copy: (candidates [S-1], match
+        length) for a drafter with a copy input."""
         S = self.block_size
         emb = self.model[0].embed(torch.tensor([last_token], device=self.norm.device))  # [1, H]
-        x = torch.cat([emb, self.mask_rows])
+        rows = self.mask_rows
+        if self.copy_proj is not None:
+            candidates, length = copy
+            has = candidates >= 0
+            if has.any():  # rows without a candidate add nothing (as `DrafterModel.copy_input` masks them)
+                extra = self.copy_proj(self.model[0].embed(candidates.clamp_min(0))) + self.copy_length[length]
+                rows = rows + extra * has[:, None].to(extra)
+        x = torch.cat([emb, rows])
         if self.slot_proj is not None:
             x = x + self.slot_proj(torch.cat([emb, state.last_feature.to(emb)[None]], -1))  # [1, H]
         cos, sin = self.rope.rows(state.length, state.length + S)

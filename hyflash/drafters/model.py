@@ -19,6 +19,7 @@ from torch import nn
 
 from hyflash.drafters import loading, memory
 from hyflash.drafters.config import DrafterConfig
+from hyflash.drafters.copy import batched_copy_candidates
 from hyflash.drafters.layers import DrafterLayer, FeatureFusion, LayerContext, rope
 from hyflash.errors import HyflashError
 
@@ -38,11 +39,18 @@ class DrafterModel(nn.Module):
         if config.slot_inputs:
             self.anchor_proj = nn.Linear(H, H, bias=False)
             self.context_proj = nn.Linear(H, H, bias=False)
+        if config.copy_ngram:
+            # Zero at the start: a drafter given a copy input later computes exactly what it did without it.
+            self.copy_proj = nn.Linear(H, H, bias=False)
+            self.copy_length = nn.Embedding(config.copy_ngram + 1, H)
+            nn.init.zeros_(self.copy_proj.weight)
+            nn.init.zeros_(self.copy_length.weight)
         self.layers = nn.ModuleList(DrafterLayer(config) for _ in range(config.num_layers))
         self.norm = nn.RMSNorm(H, eps=config.rms_eps)
         vocab = None if config.draft_vocab_size is None else torch.arange(config.draft_vocab_size)
         self.register_buffer("draft_vocab_ids", vocab)  # draft index -> target token id (None = identity)
         self._head_cache = None
+        self._index_cache = None
         self.int8_head = None  # set by quantize_int8 (CPU inference)
 
     # ----- small facts ---------------------------------------------------------------------------------
@@ -98,12 +106,26 @@ class DrafterModel(nn.Module):
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.draft_vocab_ids is None else self.draft_vocab_ids[draft_ids]
 
-    def to_full_vocab(self, probs: torch.Tensor) -> torch.Tensor:
-        """Draft-vocabulary probabilities [..., Vd] -> target-vocabulary probabilities [..., V] (zeros elsewhere)."""
-        if self.draft_vocab_ids is None:
+    def to_full_vocab(self, probs: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Probabilities [..., V'] over `vocab_ids` (default: the draft vocabulary) -> target-vocabulary
+        probabilities [..., V] (zeros elsewhere)."""
+        vocab_ids = self.draft_vocab_ids if vocab_ids is None else vocab_ids
+        if vocab_ids is None:
             return probs
         full = probs.new_zeros(*probs.shape[:-1], self.config.target_vocab_size)
-        return full.index_copy_(-1, self.draft_vocab_ids.to(probs.device), probs)
+        return full.index_copy_(-1, vocab_ids.to(probs.device), probs)
+
+    def draft_index(self, ids: torch.Tensor) -> torch.Tensor:
+        """Target ids -> their index in the draft vocabulary, -1 for ids outside it (and for ids < 0)."""
+        if self.draft_vocab_ids is None:
+            return ids
+        key = (self.draft_vocab_ids._version, self.draft_vocab_ids.device)
+        if self._index_cache is None or self._index_cache[0] != key:
+            lookup = torch.full((self.config.target_vocab_size,), -1, dtype=torch.long, device=ids.device)
+            lookup[self.draft_vocab_ids.to(ids.device)] = torch.arange(len(self.draft_vocab_ids), device=ids.device)
+            self._index_cache = (key, lookup)
+        lookup = self._index_cache[1].to(ids.device)
+        return torch.where(ids >= 0, lookup[ids.clamp_min(0)], -1)
 
     def set_draft_vocab(self, ids) -> None:
         """Choose the target token ids of the reduced draft vocabulary (e.g. the most frequent ones)."""
@@ -121,14 +143,46 @@ class DrafterModel(nn.Module):
             return self.mask_embedding
         return self.embed(torch.tensor(self.config.mask_token_id))
 
-    def block_inputs(self, anchor_tokens: torch.Tensor, last_context: torch.Tensor) -> torch.Tensor:
-        """anchor_tokens [B, A], last_context [B, A, H] (fused feature of position a-1) -> x [B, A, S, H]."""
+    def block_inputs(self, anchor_tokens: torch.Tensor, last_context: torch.Tensor, copy=None) -> torch.Tensor:
+        """anchor_tokens [B, A], last_context [B, A, H] (fused feature of position a-1), copy (candidates
+        [B, A, S-1], match lengths [B, A]) or None -> x [B, A, S, H]."""
         emb = self.embed(anchor_tokens)
         B, A, H = emb.shape
         x = torch.cat([emb[:, :, None], self.mask_vector().expand(B, A, self.config.block_size - 1, H)], 2)
         if self.config.slot_inputs:
             x = x + (self.anchor_proj(emb) + self.context_proj(last_context))[:, :, None]
+        if self.config.copy_ngram:
+            x = torch.cat([x[:, :, :1], x[:, :, 1:] + self.copy_input(*copy)], 2)
         return x
+
+    # ----- the copy input and the pointer (hyflash.drafters.copy) ----------------------------------------
+    def copy_inputs(self, tokens: torch.Tensor, anchors: torch.Tensor):
+        """(candidates [B, A, S-1], match lengths [B, A]) for the blocks at `anchors` of `tokens` [B, T]; None
+        without a copy input."""
+        if not self.config.copy_ngram:
+            return None
+        return batched_copy_candidates(tokens, anchors, self.config.block_size - 1, self.config.copy_ngram)
+
+    def copy_input(self, candidates: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """What each draft slot adds: a projection of its candidate's embedding plus a vector per match length,
+        nothing where it has no candidate. candidates [..., S-1], lengths [...] -> [..., S-1, H]."""
+        has = (candidates >= 0)[..., None]
+        extra = self.copy_proj(self.embed(candidates.clamp_min(0))) + self.copy_length(lengths)[..., None, :]
+        return extra * has
+
+    def block_logits(self, hidden: torch.Tensor, candidates: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of the draft slots: over the draft vocabulary, plus with a pointer (`config.has_pointer`)
+        one last column, the target head's logit of the slot's copy candidate where that candidate lies
+        outside the draft vocabulary (-inf elsewhere: inside it the candidate already has its own column).
+        hidden [..., S', H], candidates [..., S'] -> [..., S', Vd (+1)]."""
+        logits = self.logits(hidden)
+        if not self.config.has_pointer:
+            return logits
+        outside = (candidates >= 0) & (self.draft_index(candidates) < 0)
+        rows = self.target.head_weight().detach()[candidates.clamp_min(0).to(self.target.device)].to(hidden.device)
+        pointer = (rows.float() * hidden.float()).sum(-1)
+        pointer = pointer.masked_fill(~outside.to(pointer.device), float("-inf"))
+        return torch.cat([logits, pointer[..., None]], -1)
 
     def layer_context(self, k, v, positions=None, valid=None, state=None) -> LayerContext:
         """Context keys/values [B, A, L, heads, d] -> a LayerContext; keys are RoPE'd at `positions` [B, A, L]
@@ -143,16 +197,20 @@ class DrafterModel(nn.Module):
         return self.norm(x)
 
     # ----- training ------------------------------------------------------------------------------------
-    def train_forward(self, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+    def train_forward(self, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor,
+                      copy=None) -> torch.Tensor:
         """features [B, T, nF, H], tokens [B, T], anchors [B, A] (0 < a < T) -> hidden [B, A, S-1, H] of slots
-        1..S-1; slot k of anchor a predicts tokens[a + k]."""
+        1..S-1; slot k of anchor a predicts tokens[a + k]. copy: `copy_inputs(tokens, anchors)` when the
+        caller needs them too (computed here otherwise)."""
         cfg = self.config
         B, T = tokens.shape
         anchors = anchors.long().to(tokens.device)
         c = self.fusion(features.to(self.dtype))  # [B, T, H]
         batch = torch.arange(B, device=c.device)[:, None]
         last = c[batch, (anchors - 1).clamp_min(0)] * (anchors > 0)[..., None]
-        x = self.block_inputs(tokens.gather(1, anchors), last)
+        if cfg.copy_ngram and copy is None:
+            copy = self.copy_inputs(tokens, anchors)
+        x = self.block_inputs(tokens.gather(1, anchors), last, copy)
         positions = anchors[..., None] + torch.arange(cfg.block_size, device=c.device)
         starts = torch.zeros_like(anchors)
         if cfg.attention_window is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from hyflash.drafters.base import Draft, Drafter
+from hyflash.drafters.copy import suffix_match
 from hyflash.sampling import SamplingConfig
 
 
@@ -32,16 +33,12 @@ class NgramDrafter(Drafter):
 
     def draft(self, last_token: int, num_tokens: int, sampling: SamplingConfig, generator=None) -> Draft:
         seq = torch.cat([self.history, torch.tensor([last_token])])
-        for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
-            suffix = seq[-n:]
-            windows = seq[:-1].unfold(0, n, 1)  # every earlier n-gram (excluding the suffix itself)
-            hits = (windows == suffix).all(-1).nonzero().flatten()
-            if len(hits):
-                start = int(hits[-1]) + n  # the most recent match is usually the most relevant
-                tokens = seq[start : start + num_tokens].clone()
-                # A longer matched suffix is a better bet; the policy calibrates what it is worth.
-                confidence = torch.full((len(tokens),), 1 - 0.6**n)
-                return Draft(tokens=tokens, confidence=confidence, source="ngram")
+        start, n = suffix_match(seq, self.max_ngram, self.min_ngram)
+        if n:
+            tokens = seq[start : start + num_tokens].clone()  # the most recent match is usually the most relevant
+            # A longer matched suffix is a better bet; the policy calibrates what it is worth.
+            confidence = torch.full((len(tokens),), 1 - 0.6**n)
+            return Draft(tokens=tokens, confidence=confidence, source="ngram")
         return Draft(tokens=torch.empty(0, dtype=torch.long), source="ngram")
 
     def memory_bytes(self) -> int:

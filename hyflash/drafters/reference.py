@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from hyflash.drafters.copy import copy_candidates
 from hyflash.drafters.layers import rope
 from hyflash.drafters.memory import READ_EPS, gate_values, key_map, value_map
 
@@ -67,6 +68,11 @@ def anchor_forward(model, features: torch.Tensor, tokens: torch.Tensor, anchor: 
     if cfg.slot_inputs:
         extra = model.anchor_proj(emb) + model.context_proj(c[a - 1])
         rows = [r + extra for r in rows]
+    if cfg.copy_ngram:  # each draft slot's copy candidate: the plain suffix match over tokens[:a + 1]
+        candidates, n = copy_candidates(tokens[: a + 1], S - 1, cfg.copy_ngram)
+        for k, token in enumerate(candidates.tolist(), start=1):
+            if token >= 0:
+                rows[k] = rows[k] + model.copy_proj(model.embed(torch.tensor(token))) + model.copy_length.weight[n]
     x = torch.stack(rows)  # [S, H]
     ctx_pos = torch.arange(start, a)
     blk_pos = torch.arange(a, a + S)

@@ -16,6 +16,7 @@ import torch
 
 from hyflash.drafters import memory
 from hyflash.drafters.base import Draft, Drafter
+from hyflash.drafters.copy import copy_candidates
 from hyflash.drafters.fast import FastDraft, rotated
 from hyflash.drafters.layers import rope
 from hyflash.drafters.model import DrafterModel
@@ -58,9 +59,12 @@ class DrafterState(Drafter):
             state_dtype = torch.promote_types(p.dtype, torch.float32)
             self.states = [torch.zeros(heads, d, dv, dtype=state_dtype, device=p.device) for _ in self.model.layers]
         self.last_feature = p.new_zeros(cfg.target_hidden_size)
+        # The copy input searches every verified token (like the n-gram drafter's history: 4 bytes a token).
+        self.history = torch.empty(0, dtype=torch.int32) if cfg.copy_ngram else None
 
     def held_tensors(self) -> list[torch.Tensor]:
-        return [*self.keys, *self.rotated_keys, *self.values, *self.gates, *self.states, self.last_feature]
+        history = [] if self.history is None else [self.history]
+        return [*self.keys, *self.rotated_keys, *self.values, *self.gates, *self.states, self.last_feature, *history]
 
     def memory_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.held_tensors())
@@ -72,6 +76,8 @@ class DrafterState(Drafter):
         n_new = features.shape[0]
         if n_new == 0:
             return
+        if self.history is not None:
+            self.history = torch.cat([self.history, tokens.detach().to("cpu", torch.int32).view(-1)])
         cfg = self.config
         c = self.model.fusion(features.to(self.model.norm.weight))  # [n, H]
         length = self.length + n_new
@@ -108,14 +114,25 @@ class DrafterState(Drafter):
         self.length, self.start = length, start
         self.last_feature = c[-1].clone()
 
+    def copy_candidates(self, last_token: int):
+        """(candidates [S-1], match length) of the block after `last_token`, or None without a copy input."""
+        if self.history is None:
+            return None
+        seq = torch.cat([self.history.long(), torch.tensor([last_token])])
+        candidates, n = copy_candidates(seq, self.block_size - 1, self.config.copy_ngram)
+        return candidates.to(self.model.norm.weight.device), n
+
     @torch.inference_mode()
-    def block_hidden(self, last_token: int) -> torch.Tensor:
-        """Final hidden states [block_size - 1, H] of the block [last_token, MASK, ...] at position `length`."""
+    def block_hidden(self, last_token: int, copy=None) -> torch.Tensor:
+        """Final hidden states [block_size - 1, H] of the block [last_token, MASK, ...] at position `length`;
+        copy: `copy_candidates(last_token)` for a drafter with a copy input."""
         if self.fast is not None:
-            return self.fast.hidden(self, last_token)
+            return self.fast.hidden(self, last_token, copy)
         model, cfg = self.model, self.config
         device = model.norm.weight.device
-        x = model.block_inputs(torch.tensor([[last_token]], device=device), self.last_feature.view(1, 1, -1))
+        batched = None if copy is None else (copy[0].view(1, 1, -1), torch.tensor([[copy[1]]], device=device))
+        x = model.block_inputs(torch.tensor([[last_token]], device=device), self.last_feature.view(1, 1, -1),
+                               batched)
         positions = (self.length + torch.arange(cfg.block_size, device=device)).view(1, 1, -1)
         live = self.length - self.start
         ctx_positions = None  # full: keys were rotated at ingest
@@ -140,15 +157,36 @@ class DrafterState(Drafter):
         if num_tokens <= 0 or self.length == 0:
             return Draft(tokens=torch.empty(0, dtype=torch.long))
         model = self.model
-        logits = model.logits(self.block_hidden(last_token)[:num_tokens])  # [k, draft vocab]
+        copy = self.copy_candidates(last_token)
+        candidates = None if copy is None else copy[0][:num_tokens]
+        logits = model.block_logits(self.block_hidden(last_token, copy)[:num_tokens], candidates)  # [k, V']
         vocab = model.draft_vocab_ids
+        if self.config.has_pointer:  # the pointer column becomes a column per distinct outside candidate
+            logits, vocab = pointer_vocabulary(logits, candidates, vocab)
+        ids = (lambda picks: picks) if vocab is None else (lambda picks: vocab.to(picks.device)[picks])
         if sampling.greedy:
             slot_probs = logits.softmax(-1)
             confidence = slot_probs.amax(-1)  # the argmax's probability: distribution-level
-            return Draft(tokens=model.to_target_ids(argmax(logits)), confidence=confidence, expensive=True,
+            return Draft(tokens=ids(argmax(logits)), confidence=confidence, expensive=True,
                          slot_probs=slot_probs, vocab_ids=vocab)
         probs = logits_to_probs(logits, sampling)
         picks = sample(probs, generator)
         # Everything stays on the model's device; the decoding loop moves what it verifies.
-        return Draft(tokens=model.to_target_ids(picks), probs=model.to_full_vocab(probs),
+        return Draft(tokens=ids(picks), probs=model.to_full_vocab(probs, vocab),
                      confidence=probs.amax(-1), expensive=True, slot_probs=probs, vocab_ids=vocab)
+
+
+def pointer_vocabulary(logits: torch.Tensor, candidates: torch.Tensor,
+                       draft_vocab: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits [k, Vd + 1] whose last column points at each slot's candidate -> (logits [k, Vd + m], vocab ids
+    [Vd + m]): the m distinct candidates the pointer can reach get a column each, holding the pointer logit in
+    their slot's row and -inf in the others, so each row is the same distribution over target ids."""
+    k, width = logits.shape
+    finite = torch.isfinite(logits[:, -1])
+    outside = candidates[finite].unique()
+    vocab = torch.cat([draft_vocab.to(outside.device), outside])
+    extra = logits.new_full((k, len(outside)), float("-inf"))
+    if len(outside):
+        column = torch.searchsorted(outside, candidates[finite].to(outside.device))
+        extra[finite.nonzero().flatten(), column] = logits[finite, -1]
+    return torch.cat([logits[:, :-1], extra], 1), vocab

@@ -60,7 +60,9 @@ def add_cli(sub) -> None:
     p.add_argument("--data", required=True, nargs="+", help="data folders made by `hyflash data`")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     p.add_argument("--no-progress", action="store_true")
-    _add_dataclass_args(p, TrainConfig, skip=("data",))
+    _add_dataclass_args(p, TrainConfig, skip=("data",), helps={
+        "copy_ngram": "give the drafter a copy input: the continuation of the longest recurring suffix of up to "
+                      "this many tokens, plus a pointer to copies outside the draft vocabulary; 0 = none"})
     p.set_defaults(handler=cmd_train)
 
     p = sub.add_parser(

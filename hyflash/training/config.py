@@ -27,6 +27,9 @@ class TrainConfig:
     draft_vocab_size: int = 16384  # most frequent target-written tokens; 0 = the full vocabulary
     init: str = ""  # a drafter folder to start from (e.g. to continue training a shipped drafter)
     init_from_target: bool = False  # decoder layers start as copies of the target's last layers (not random)
+    # A copy input (hyflash.drafters.copy) of suffix matches up to this long; 0 = none. With --init, a drafter
+    # without one gains it, starting at zero (so at step 0 it drafts exactly as before).
+    copy_ngram: int = 0
     # ----- optimisation -----
     steps: int = 1000
     batch_size: int = 8  # sequences per step, all processes together
@@ -90,6 +93,10 @@ class TrainConfig:
              "backend only: use --loss ce with --feature-backend llama.cpp")
         need(not self.feature_gguf or self.feature_backend == "llama.cpp",
              "--feature-gguf is a llama.cpp file: add --feature-backend llama.cpp")
+        need(self.copy_ngram >= 0, f"copy_ngram must be >= 0, got {self.copy_ngram}")
+        need(not self.copy_ngram or (self.loss == "ce" and self.onpolicy_weight == 0),
+             "--copy-ngram trains with --loss ce and no on-policy term: the pointer's column has no target "
+             "distribution (kl) and on-policy sampling does not reach it yet")
         need(self.save_dtype in ("bfloat16", "float32", "float16"), f"unknown save_dtype {self.save_dtype!r}")
         try:
             steps = self.eval_steps()
@@ -127,4 +134,5 @@ class TrainConfig:
             "chunk_size": self.chunk_size,
             "memory_rule": self.memory_rule,
             "draft_vocab_size": self.draft_vocab_size or None,
+            "copy_ngram": self.copy_ngram,
         }

@@ -25,6 +25,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hyflash.drafters.config import DrafterConfig
+from hyflash.drafters.copy import copy_labels
 from hyflash.errors import HyflashError
 from hyflash.training import checkpoint as ckpt
 from hyflash.training.batches import draft_vocab_from_counts, to_draft_ids, training_batches
@@ -43,8 +45,9 @@ class _StepModule(nn.Module):
         super().__init__()
         self.drafter = drafter
 
-    def forward(self, features, tokens, anchors):
-        return self.drafter.logits(self.drafter.train_forward(features, tokens, anchors))
+    def forward(self, features, tokens, anchors, copy=None):
+        hidden = self.drafter.train_forward(features, tokens, anchors, copy)
+        return self.drafter.block_logits(hidden, None if copy is None else copy[0])
 
 
 def lr_factor(step: int, config: TrainConfig) -> float:
@@ -63,11 +66,15 @@ def _dist_info() -> tuple[int, int, int]:
 
 def build_drafter(config: TrainConfig, target, dataset: TokenDataset):
     """A fresh drafter (or one loaded from --init) with its draft vocabulary picked from the training data."""
-    from hyflash.drafters.config import DrafterConfig
     from hyflash.drafters.model import DrafterModel
 
     if config.init:
         model = DrafterModel.from_pretrained(config.init, target, dtype=torch.float32)
+        if config.copy_ngram and model.config.copy_ngram not in (0, config.copy_ngram):
+            raise HyflashError(f"--copy-ngram {config.copy_ngram}: the --init drafter already has a copy input "
+                               f"of {model.config.copy_ngram}; pass --copy-ngram {model.config.copy_ngram}")
+        if config.copy_ngram and not model.config.copy_ngram:
+            model = with_copy_input(model, config.copy_ngram)
         return model.train()
     torch.manual_seed(config.seed)  # identical initial weights in every process
     model = DrafterModel(DrafterConfig.for_target(target, **config.drafter_overrides()), target)
@@ -81,6 +88,18 @@ def build_drafter(config: TrainConfig, target, dataset: TokenDataset):
         ids = draft_vocab_from_counts(counts, config.draft_vocab_size, sorted(target.eos_token_ids))
         model.set_draft_vocab(torch.from_numpy(ids))
     return model.float().train()
+
+
+def with_copy_input(model, copy_ngram: int):
+    """The same drafter with a copy input of `copy_ngram` (hyflash.drafters.copy), its new weights at zero, so
+    that it drafts exactly as before until trained."""
+    from hyflash.drafters.model import DrafterModel
+
+    config = DrafterConfig.from_dict({**model.config.to_dict(), "copy_ngram": copy_ngram})
+    grown = DrafterModel(config, model.target).to(model.norm.weight)
+    missing, unexpected = grown.load_state_dict(model.state_dict(), strict=False)
+    assert not unexpected and all(name.startswith("copy_") for name in missing), (missing, unexpected)
+    return grown
 
 
 def export_drafter(model, target, path: Path, dtype: str) -> Path:
@@ -193,6 +212,8 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True, targ
     if dataset.target and {k: dataset.target[k] for k in target.signature()} != target.signature():
         raise HyflashError(f"the data in {config.data[0]} was written by another target ({dataset.target['name']})")
     model = build_drafter(config, target, dataset).to(target.device)
+    if model.config.copy_ngram and (config.loss != "ce" or config.onpolicy_weight > 0):
+        raise HyflashError("the --init drafter has a copy input: train it with --loss ce and no on-policy term")
     step_module = _StepModule(model)
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel
@@ -238,9 +259,12 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True, targ
         features, target_logits = batch_features(target, batch, dataset, cache, want_logits=config.loss == "kl",
                                                  vocab_ids=model.draft_vocab_ids, source=source)
         labels = to_draft_ids(batch.labels, model.draft_vocab_ids, target.vocab_size).to(device)
+        copy = model.copy_inputs(batch.tokens.to(device), batch.anchors.to(device))
+        if model.config.has_pointer:  # a label outside the vocabulary that the copy candidate names: the pointer
+            labels = copy_labels(labels, batch.labels.to(device), copy[0], len(model.draft_vocab_ids))
 
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.autocast):
-            logits = step_module(features.to(device), batch.tokens.to(device), batch.anchors.to(device))
+            logits = step_module(features.to(device), batch.tokens.to(device), batch.anchors.to(device), copy)
         weights = slot_weights.weights()  # survival: from the accuracy EMA of the steps before this one
         loss_sum, weight_sum = block_loss(config, logits, labels, weights, target_logits)
         # Normalise by the weight of the whole global batch; DDP then averages gradients over processes,
