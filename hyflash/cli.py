@@ -197,7 +197,8 @@ def _add_calibrate(sub) -> None:
                    help="all (default) = auto: every dtype --dtype auto chooses from; on llama.cpp the GGUF's own")
     p.add_argument("--drafter", default="default", help="whose step to time: default | ngram | none | PATH")
     p.add_argument("--force", action="store_true", help="measure again even if this machine has a cached result")
-    p.add_argument("--plot", default="calibration.png", help="where to draw the cost curves ('' = no plot)")
+    p.add_argument("--plot", default=None, help="where to draw the cost curves (default: beside the cached "
+                   "curves, in hyflash's cache folder; '' = no plot)")
     p.add_argument("--json", action="store_true", help="print one JSON object (key cost_curve) instead of a table")
     p.set_defaults(handler=cmd_calibrate)
 
@@ -225,6 +226,10 @@ def cmd_calibrate(args) -> int:
             say(f"hyflash: {args.model} {describe(dtype, args.backend)}: cached result for this machine "
                 "(--force measures again)")
     auto = {what: choose_dtype(curves, with_drafter=w) for what, w in (("plain", False), ("speculative", True))}
+    if args.plot is None:  # not into the working directory, where it would land in whatever repository one is in
+        from hyflash.targets import cache_root
+
+        args.plot = str(cache_root() / "calibration" / f"{Path(args.model).name}-{args.backend}.png")
     if args.plot:
         plot(list(curves.values()), Path(args.plot))
     if args.json:

@@ -222,3 +222,20 @@ def test_drafter_trim_keeps_the_most_frequent_ids_and_drafts_the_same_where_they
     err = _error_line(capsys, ["drafter", "trim", str(tmp_path / "fullvocab"), "--draft-vocab", "5",
                                "--out", str(tmp_path / "x")])
     assert "full vocabulary" in err and not (tmp_path / "x").exists()
+
+
+def test_calibrate_draws_its_plot_beside_the_cache_not_into_the_working_directory(tmp_path, monkeypatch):
+    """`hyflash calibrate` used to write calibration.png into whatever folder it ran in (often a repository)."""
+    import hyflash.calibration as calibration
+    from hyflash.calibration import CostCurve
+
+    drawn = []
+    monkeypatch.setenv("HYFLASH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(calibration, "calibrate", lambda model, dtype, *a, **k: (
+        CostCurve(model, dtype, [0], [[10.0, 14.0]]), False))
+    monkeypatch.setattr(calibration, "plot", lambda curves, path: drawn.append(path))
+    assert main(["calibrate", "--dtype", "float32"]) == 0
+    assert drawn == [tmp_path / "cache" / "calibration" / "smollm2-135m-transformers.png"]
+    assert main(["calibrate", "--dtype", "float32", "--plot", ""]) == 0
+    assert len(drawn) == 1 and not list(tmp_path.glob("*.png"))
