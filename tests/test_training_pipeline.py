@@ -13,7 +13,7 @@ import torch
 
 from hyflash.errors import HyflashError
 from hyflash.training import checkpoint as ckpt
-from hyflash.training.batches import draft_vocab_from_counts, epoch_order, make_batch, sample_anchors, to_draft_ids
+from hyflash.training.batches import draft_vocab_from_counts, epoch_order, make_batch, sample_anchors
 from hyflash.training.config import TrainConfig
 from hyflash.training.data import TokenDataset, write_dataset
 from hyflash.training.losses import SlotWeights, position_weights, slot_hits, weighted_ce, weighted_kl
@@ -134,12 +134,17 @@ def test_batch_labels_are_the_next_tokens_and_masked_past_the_end():
     assert cropped.offsets == [14] and cropped.tokens[0, 0].item() == 114
 
 
-def test_draft_vocabulary_mapping():
+def test_draft_vocabulary_mapping(llama_target):
+    from hyflash.drafters.config import DrafterConfig
+    from hyflash.drafters.model import DrafterModel
+
     counts = np.array([5, 0, 9, 9, 1, 0])
     ids = draft_vocab_from_counts(counts, 3, always=[5])
     assert ids.tolist() == [5, 2, 3]
+    model = DrafterModel(DrafterConfig.for_target(llama_target, draft_vocab_size=3), llama_target)
+    model.set_draft_vocab(torch.from_numpy(ids))
     labels = torch.tensor([[2, 0, 5, -1]])
-    assert to_draft_ids(labels, torch.from_numpy(ids), 6).tolist() == [[1, -1, 0, -1]]
+    assert model.draft_index(labels).tolist() == [[1, -1, 0, -1]]
 
 
 def test_epoch_order_covers_each_sequence_once_in_similar_length_batches():

@@ -181,7 +181,7 @@ def pointer_vocabulary(logits: torch.Tensor, candidates: torch.Tensor,
     """Logits [k, Vd + 1] whose last column points at each slot's candidate -> (logits [k, Vd + m], vocab ids
     [Vd + m]): the m distinct candidates the pointer can reach get a column each, holding the pointer logit in
     their slot's row and -inf in the others, so each row is the same distribution over target ids."""
-    k, width = logits.shape
+    k = logits.shape[0]
     finite = torch.isfinite(logits[:, -1])
     outside = candidates[finite].unique()
     vocab = torch.cat([draft_vocab.to(outside.device), outside])

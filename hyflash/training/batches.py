@@ -103,16 +103,6 @@ def draft_vocab_from_counts(counts: np.ndarray, size: int, always: list[int] = (
     return np.asarray(chosen[:size], dtype=np.int64)
 
 
-def to_draft_ids(labels: torch.Tensor, draft_vocab_ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
-    """Map target-id labels to draft-vocabulary indices; ids outside the draft vocabulary become -1 (no loss:
-    the drafter cannot propose them, whatever it learns)."""
-    if draft_vocab_ids is None:
-        return labels
-    lookup = torch.full((vocab_size,), -1, dtype=torch.long)
-    lookup[draft_vocab_ids.cpu()] = torch.arange(len(draft_vocab_ids))
-    return torch.where(labels >= 0, lookup[labels.clamp_min(0)], -1)
-
-
 def training_batches(dataset, steps: int, batch_size: int, num_anchors: int, block_size: int, max_length: int,
                      seed: int, start: int = 0, rank: int = 0, world: int = 1):
     """(step, epoch, Batch) for steps start .. steps-1, in order: the batches `hyflash train` trains on (epoch

@@ -29,7 +29,7 @@ from hyflash.drafters.config import DrafterConfig
 from hyflash.drafters.copy import copy_labels
 from hyflash.errors import HyflashError
 from hyflash.training import checkpoint as ckpt
-from hyflash.training.batches import draft_vocab_from_counts, to_draft_ids, training_batches
+from hyflash.training.batches import draft_vocab_from_counts, training_batches
 from hyflash.training.config import TrainConfig
 from hyflash.files import atomic_write_json
 from hyflash.training.data import TokenDataset
@@ -258,7 +258,8 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True, targ
         device = target.device
         features, target_logits = batch_features(target, batch, dataset, cache, want_logits=config.loss == "kl",
                                                  vocab_ids=model.draft_vocab_ids, source=source)
-        labels = to_draft_ids(batch.labels, model.draft_vocab_ids, target.vocab_size).to(device)
+        # Ids outside the draft vocabulary become -1 (no loss: the drafter cannot propose them, whatever it learns).
+        labels = model.draft_index(batch.labels).to(device)
         copy = model.copy_inputs(batch.tokens.to(device), batch.anchors.to(device))
         if model.config.has_pointer:  # a label outside the vocabulary that the copy candidate names: the pointer
             labels = copy_labels(labels, batch.labels.to(device), copy[0], len(model.draft_vocab_ids))
