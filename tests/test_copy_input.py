@@ -24,6 +24,9 @@ def _with_copy_weights(model, seed=0, scale=0.5):
     with torch.no_grad():
         model.copy_proj.weight.copy_(torch.randn(model.copy_proj.weight.shape, generator=g) * scale)
         model.copy_length.weight.copy_(torch.randn(model.copy_length.weight.shape, generator=g) * scale)
+        if model.config.copy_gate:
+            model.copy_gate.weight.copy_(torch.randn(model.copy_gate.weight.shape, generator=g) * scale)
+            model.copy_gate.bias.fill_(4 * scale)
     return model
 
 
@@ -123,12 +126,34 @@ def test_pointer_vocabulary_gives_each_outside_candidate_a_column():
     assert wide[2].tolist() == [2.0, 0.0, 5.0, float("-inf")]
 
 
-def test_a_drafter_given_a_copy_input_drafts_as_before(llama_target, tmp_path):
+def test_copy_gate_adds_its_bonus_to_each_candidates_column(llama_target):
+    """block_logits with a gate, checked slot by slot: the candidate's own column (inside the draft vocabulary)
+    or the pointer (outside it) gains copy_gate(hidden); every other column is the plain head's logit."""
+    model = _with_copy_weights(make(llama_target, dtype=torch.float32, copy_ngram=3, copy_gate=True,
+                                    draft_vocab_size=30), scale=1.0)
+    hidden = torch.randn(2, 5, llama_target.hidden_size)
+    candidates = torch.tensor([[3, 45, -1, 29, 30], [0, 0, 70, -1, 12]])  # ids 30.. are outside
+    with torch.no_grad():
+        logits = model.block_logits(hidden, candidates)
+    head = llama_target.head_weight().float()
+    for i in range(2):
+        for k in range(5):
+            h, c = hidden[i, k], int(candidates[i, k])
+            expected = torch.cat([head[:30] @ h, torch.tensor([float("-inf")])])
+            if c >= 30:
+                expected[30] = head[c] @ h
+            if c >= 0:
+                expected[min(c, 30)] += model.copy_gate(h).item()
+            torch.testing.assert_close(logits[i, k], expected)
+
+
+@pytest.mark.parametrize("gate", [False, True], ids=["copy", "copy+gate"])
+def test_a_drafter_given_a_copy_input_drafts_as_before(llama_target, tmp_path, gate):
     from hyflash.training.train import with_copy_input
 
     model = make(llama_target, dtype=torch.float32, draft_vocab_size=40)
-    grown = with_copy_input(model, 3)
-    assert grown.config.copy_ngram == 3 and grown.config.has_pointer
+    grown = with_copy_input(model, 3, gate)
+    assert grown.config.copy_ngram == 3 and grown.config.has_pointer and grown.config.copy_gate == gate
     features, _ = sequence(llama_target, 40, dtype=torch.float32)
     tokens = _repetitive(40, 50, seed=3)[None]
     anchors = torch.tensor([[5, 20, 33]])
@@ -143,6 +168,8 @@ def test_a_drafter_given_a_copy_input_drafts_as_before(llama_target, tmp_path):
     loaded = DrafterModel.from_pretrained(path, llama_target, dtype=torch.float32)
     torch.testing.assert_close(loaded.train_forward(features, tokens, anchors),
                                grown.train_forward(features, tokens, anchors))
+    torch.testing.assert_close(loaded.block_logits(loaded.train_forward(features, tokens, anchors, copy), copy[0]),
+                               grown.block_logits(grown.train_forward(features, tokens, anchors, copy), copy[0]))
 
 
 def test_copy_input_refuses_objectives_that_cannot_train_the_pointer():
@@ -154,10 +181,11 @@ def test_copy_input_refuses_objectives_that_cannot_train_the_pointer():
         TrainConfig(data=["d"], copy_ngram=3, onpolicy_weight=0.5)
 
 
-def test_greedy_decoding_with_a_copy_drafter_equals_plain(llama_target):
+@pytest.mark.parametrize("gate", [False, True], ids=["copy", "copy+gate"])
+def test_greedy_decoding_with_a_copy_drafter_equals_plain(llama_target, gate):
     """(The sampled distribution with a pointer drafter is checked in test_sampling.py.)"""
-    model = _with_copy_weights(make(llama_target, dtype=torch.float32, copy_ngram=3, draft_vocab_size=40,
-                                    window=16), scale=2.0)
+    model = _with_copy_weights(make(llama_target, dtype=torch.float32, copy_ngram=3, copy_gate=gate,
+                                    draft_vocab_size=40, window=16), scale=2.0)
     prompt = _repetitive(30, 90, seed=5).tolist()
     plain = generate(llama_target, prompt, None, max_new_tokens=40)
     spec = generate(llama_target, prompt, DrafterState(model), max_new_tokens=40)
@@ -193,3 +221,31 @@ def test_training_grows_a_copy_input_on_an_init_drafter_and_learns_to_copy(llama
     trained.ingest(seq[:20], torch.zeros(20, len(llama_target.feature_layers), llama_target.hidden_size))
     draft = trained.draft(int(seq[20]), 3, SamplingConfig(), None)
     assert draft.tokens.tolist()[:1] == seq[21:22].tolist()
+
+
+def test_copy_gate_grows_on_a_copy_drafter_and_trains(llama_target, tmp_path):
+    """`hyflash train --init D --copy-gate`: D (with a copy input) gains the gate at zero and training moves it;
+    a D without a copy input is refused with the flag that fixes it."""
+    from hyflash.drafters.model import DrafterModel
+    from hyflash.training.config import TrainConfig
+    from hyflash.training.data import write_dataset
+    from hyflash.training.train import train
+
+    g = torch.Generator().manual_seed(1)
+    halves = torch.randint(0, llama_target.vocab_size, (8, 16), generator=g)
+    write_dataset(tmp_path / "d", torch.cat([halves, halves], 1).tolist(), [17] * 8, llama_target.signature(),
+                  name="repeats")
+    small = dict(dtype=torch.float32, draft_vocab_size=8, block_size=4, window=8, chunk_size=4)
+    make(llama_target, copy_ngram=3, **small).save_pretrained(tmp_path / "copy")
+    make(llama_target, **small).save_pretrained(tmp_path / "plain")
+    settings = dict(data=[str(tmp_path / "d")], copy_gate=True, steps=6, batch_size=4, anchors=8, block_size=4,
+                    max_length=64, lr=3e-2, warmup_steps=1, save_every=6, log_every=3, autocast=False,
+                    save_dtype="float32", plot=False, eval_prompts=0)
+    with pytest.raises(HyflashError, match="--copy-ngram"):
+        train(TrainConfig(out=str(tmp_path / "bad"), init=str(tmp_path / "plain"), **settings), progress=False,
+              target=llama_target)
+    out = train(TrainConfig(out=str(tmp_path / "run"), init=str(tmp_path / "copy"), **settings), progress=False,
+                target=llama_target)
+    trained = DrafterModel.from_pretrained(out, llama_target, dtype=torch.float32)
+    assert trained.config.copy_gate and trained.config.copy_ngram == 3
+    assert trained.copy_gate.weight.abs().sum() > 0 and trained.copy_gate.bias.abs() > 0

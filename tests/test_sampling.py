@@ -150,21 +150,25 @@ def test_speculative_sampling_matches_target_distribution(small_vocab_target, sa
         assert events["k", 0] > 50 and events["k", 2] > 50, events
 
 
-def test_sampling_with_a_copy_pointer_drafter_matches_target_distribution(small_vocab_target):
+@pytest.mark.parametrize("gate", [False, True], ids=["copy", "copy+gate"])
+def test_sampling_with_a_copy_pointer_drafter_matches_target_distribution(small_vocab_target, gate):
     """A trained-drafter path with a copy input and a pointer out of a 3-id draft vocabulary: its reported q
-    (draft vocabulary + the candidates the pointer reaches) must keep the output exactly the target's."""
+    (draft vocabulary + the candidates the pointer reaches, each candidate's column raised by the gate) must
+    keep the output exactly the target's."""
     from hyflash.drafters.config import DrafterConfig
     from hyflash.drafters.model import DrafterModel
     from hyflash.drafters.state import DrafterState
 
     torch.manual_seed(0)
     config = DrafterConfig.for_target(small_vocab_target, block_size=4, window=8, chunk_size=4, num_heads=2,
-                                      head_dim=8, copy_ngram=2, draft_vocab_size=3)
+                                      head_dim=8, copy_ngram=2, copy_gate=gate, draft_vocab_size=3)
     model = DrafterModel(config, small_vocab_target).float()
     target = small_vocab_target
     with torch.no_grad():  # the copy input pushes each slot towards its candidate: the pointer gets real mass
         head, emb = target.head_weight().float(), target.embed(torch.arange(target.vocab_size)).float()
         model.copy_proj.weight.copy_(3 * torch.linalg.lstsq(emb, head).solution.T)
+        if gate:
+            model.copy_gate.bias.fill_(1.5)
     # Ids 0-2 form the draft vocabulary; the prompt repeats 4, 5, which only the pointer can draft.
     sampling, prompt, length, runs = SamplingConfig(temperature=1.0), [4, 5, 3, 4, 5], 4, 2000
     drafter = DrafterState(model)

@@ -41,6 +41,10 @@ class DrafterConfig:
     # (<= n) recurring suffix of the context continues with, and its match length; with a reduced draft
     # vocabulary the output gains a pointer to that token, so a copy outside the vocabulary can be drafted.
     copy_ngram: int = 0
+    # With a copy input: a learned bonus, a linear function of each slot's hidden state, added to the logit of
+    # that slot's copy candidate (its own column, or the pointer's). The drafter can then trust a long match
+    # for many slots, as the n-gram lookup does, without moving its hidden state onto the candidate's head row.
+    copy_gate: bool = False
     rope_theta: float = 10000.0
     rms_eps: float = 1e-6
     mask_token_id: int | None = None  # None: a learned mask vector; else this embedding row
@@ -68,6 +72,7 @@ class DrafterConfig:
         need(self.num_heads >= 0 and self.intermediate_size >= 0, "num_heads and intermediate_size must be >= 0")
         need(self.draft_vocab_size is None or self.draft_vocab_size >= 1, "draft_vocab_size must be >= 1")
         need(0 <= self.copy_ngram <= 16, f"copy_ngram must be in 0..16 (0 = no copy input), got {self.copy_ngram}")
+        need(not self.copy_gate or self.copy_ngram > 0, "copy_gate needs a copy input (copy_ngram > 0)")
         self.feature_layers = [int(i) for i in self.feature_layers]
 
     # ----- derived facts -------------------------------------------------------------------------------

@@ -45,6 +45,10 @@ class DrafterModel(nn.Module):
             self.copy_length = nn.Embedding(config.copy_ngram + 1, H)
             nn.init.zeros_(self.copy_proj.weight)
             nn.init.zeros_(self.copy_length.weight)
+        if config.copy_gate:  # zero too: no bonus until trained
+            self.copy_gate = nn.Linear(H, 1)
+            nn.init.zeros_(self.copy_gate.weight)
+            nn.init.zeros_(self.copy_gate.bias)
         self.layers = nn.ModuleList(DrafterLayer(config) for _ in range(config.num_layers))
         self.norm = nn.RMSNorm(H, eps=config.rms_eps)
         vocab = None if config.draft_vocab_size is None else torch.arange(config.draft_vocab_size)
@@ -174,15 +178,24 @@ class DrafterModel(nn.Module):
         """Logits of the draft slots: over the draft vocabulary, plus with a pointer (`config.has_pointer`)
         one last column, the target head's logit of the slot's copy candidate where that candidate lies
         outside the draft vocabulary (-inf elsewhere: inside it the candidate already has its own column).
+        With `config.copy_gate`, each slot's candidate column (its own or the pointer) gains the learned bonus.
         hidden [..., S', H], candidates [..., S'] -> [..., S', Vd (+1)]."""
         logits = self.logits(hidden)
-        if not self.config.has_pointer:
+        if not self.config.copy_ngram:
             return logits
-        outside = (candidates >= 0) & (self.draft_index(candidates) < 0)
-        rows = self.target.head_weight().detach()[candidates.clamp_min(0).to(self.target.device)].to(hidden.device)
-        pointer = (rows.float() * hidden.float()).sum(-1)
-        pointer = pointer.masked_fill(~outside.to(pointer.device), float("-inf"))
-        return torch.cat([logits, pointer[..., None]], -1)
+        column = self.draft_index(candidates)
+        if self.config.has_pointer:
+            outside = (candidates >= 0) & (column < 0)
+            rows = self.target.head_weight().detach()[candidates.clamp_min(0).to(self.target.device)]
+            pointer = (rows.to(hidden.device).float() * hidden.float()).sum(-1)
+            pointer = pointer.masked_fill(~outside.to(pointer.device), float("-inf"))
+            logits = torch.cat([logits, pointer[..., None]], -1)
+            column = torch.where(outside, len(self.draft_vocab_ids), column)
+        if self.config.copy_gate:
+            column = column.to(logits.device)
+            bonus = self.copy_gate(hidden).squeeze(-1).float() * (column >= 0)
+            logits = logits.scatter_add(-1, column.clamp_min(0)[..., None], bonus[..., None])
+        return logits
 
     def layer_context(self, k, v, positions=None, valid=None, state=None) -> LayerContext:
         """Context keys/values [B, A, L, heads, d] -> a LayerContext; keys are RoPE'd at `positions` [B, A, L]

@@ -62,7 +62,9 @@ def add_cli(sub) -> None:
     p.add_argument("--no-progress", action="store_true")
     _add_dataclass_args(p, TrainConfig, skip=("data",), helps={
         "copy_ngram": "give the drafter a copy input: the continuation of the longest recurring suffix of up to "
-                      "this many tokens, plus a pointer to copies outside the draft vocabulary; 0 = none"})
+                      "this many tokens, plus a pointer to copies outside the draft vocabulary; 0 = none",
+        "copy_gate": "with a copy input: a learned bonus on each slot's copy-candidate logit, so that the drafter "
+                     "can trust a long match for many slots (grown at zero on an --init drafter)"})
     p.set_defaults(handler=cmd_train)
 
     p = sub.add_parser(

@@ -30,6 +30,7 @@ class TrainConfig:
     # A copy input (hyflash.drafters.copy) of suffix matches up to this long; 0 = none. With --init, a drafter
     # without one gains it, starting at zero (so at step 0 it drafts exactly as before).
     copy_ngram: int = 0
+    copy_gate: bool = False  # the copy input's learned bonus on each candidate's logit (grown at zero with --init)
     # ----- optimisation -----
     steps: int = 1000
     batch_size: int = 8  # sequences per step, all processes together
@@ -97,6 +98,10 @@ class TrainConfig:
         need(not self.copy_ngram or (self.loss == "ce" and self.onpolicy_weight == 0),
              "--copy-ngram trains with --loss ce and no on-policy term: the pointer's column has no target "
              "distribution (kl) and on-policy sampling does not reach it yet")
+        need(not self.copy_gate or self.copy_ngram or self.init,
+             "--copy-gate is part of the copy input: add --copy-ngram N (or --init a drafter that has one)")
+        need(not self.copy_gate or (self.loss == "ce" and self.onpolicy_weight == 0),
+             "--copy-gate trains with --loss ce and no on-policy term, like the copy input it belongs to")
         need(self.save_dtype in ("bfloat16", "float32", "float16"), f"unknown save_dtype {self.save_dtype!r}")
         try:
             steps = self.eval_steps()
@@ -135,4 +140,5 @@ class TrainConfig:
             "memory_rule": self.memory_rule,
             "draft_vocab_size": self.draft_vocab_size or None,
             "copy_ngram": self.copy_ngram,
+            "copy_gate": self.copy_gate,
         }

@@ -73,8 +73,12 @@ def build_drafter(config: TrainConfig, target, dataset: TokenDataset):
         if config.copy_ngram and model.config.copy_ngram not in (0, config.copy_ngram):
             raise HyflashError(f"--copy-ngram {config.copy_ngram}: the --init drafter already has a copy input "
                                f"of {model.config.copy_ngram}; pass --copy-ngram {model.config.copy_ngram}")
-        if config.copy_ngram and not model.config.copy_ngram:
-            model = with_copy_input(model, config.copy_ngram)
+        ngram = model.config.copy_ngram or config.copy_ngram
+        gate = model.config.copy_gate or config.copy_gate
+        if gate and not ngram:
+            raise HyflashError(f"--copy-gate: the --init drafter {config.init} has no copy input; add --copy-ngram N")
+        if (ngram, gate) != (model.config.copy_ngram, model.config.copy_gate):
+            model = with_copy_input(model, ngram, gate)
         return model.train()
     torch.manual_seed(config.seed)  # identical initial weights in every process
     model = DrafterModel(DrafterConfig.for_target(target, **config.drafter_overrides()), target)
@@ -90,12 +94,12 @@ def build_drafter(config: TrainConfig, target, dataset: TokenDataset):
     return model.float().train()
 
 
-def with_copy_input(model, copy_ngram: int):
-    """The same drafter with a copy input of `copy_ngram` (hyflash.drafters.copy), its new weights at zero, so
-    that it drafts exactly as before until trained."""
+def with_copy_input(model, copy_ngram: int, copy_gate: bool = False):
+    """The same drafter with a copy input of `copy_ngram` (hyflash.drafters.copy), and its gate if asked, the new
+    weights at zero, so that it drafts exactly as before until trained."""
     from hyflash.drafters.model import DrafterModel
 
-    config = DrafterConfig.from_dict({**model.config.to_dict(), "copy_ngram": copy_ngram})
+    config = DrafterConfig.from_dict({**model.config.to_dict(), "copy_ngram": copy_ngram, "copy_gate": copy_gate})
     grown = DrafterModel(config, model.target).to(model.norm.weight)
     missing, unexpected = grown.load_state_dict(model.state_dict(), strict=False)
     assert not unexpected and all(name.startswith("copy_") for name in missing), (missing, unexpected)
