@@ -172,6 +172,29 @@ def test_a_drafter_given_a_copy_input_drafts_as_before(llama_target, tmp_path, g
                                grown.block_logits(grown.train_forward(features, tokens, anchors, copy), copy[0]))
 
 
+def test_a_copy_input_grown_to_longer_matches_reads_them_as_its_longest(llama_target):
+    """with_copy_input(D, 5) on a D with copy_ngram 2: with the new (longer-match) candidates, it computes what D
+    computes when told those matches are 2 long; matches of 1-2 tokens, where the candidates are the same,
+    therefore draft exactly as before."""
+    from hyflash.training.train import with_copy_input
+
+    model = _with_copy_weights(make(llama_target, dtype=torch.float32, copy_ngram=2, copy_gate=True,
+                                    draft_vocab_size=40))
+    grown = with_copy_input(model, 5, True)
+    features, _ = sequence(llama_target, 60, dtype=torch.float32)
+    tokens = _repetitive(60, 12, seed=4)[None]
+    anchors = torch.arange(4, 52, 3)[None]
+    candidates, lengths = grown.copy_inputs(tokens, anchors)
+    assert (lengths > 2).any() and (lengths <= 2).any()
+    as_grown = grown.block_logits(grown.train_forward(features, tokens, anchors, (candidates, lengths)), candidates)
+    told = (candidates, lengths.clamp(max=2))
+    torch.testing.assert_close(as_grown, model.block_logits(model.train_forward(features, tokens, anchors, told),
+                                                            candidates))
+    short = lengths <= 2
+    before = model.copy_inputs(tokens, anchors)[0]
+    torch.testing.assert_close(candidates[short], before[short])
+
+
 def test_copy_input_refuses_objectives_that_cannot_train_the_pointer():
     from hyflash.training.config import TrainConfig
 
@@ -244,6 +267,9 @@ def test_copy_gate_grows_on_a_copy_drafter_and_trains(llama_target, tmp_path):
     with pytest.raises(HyflashError, match="--copy-ngram"):
         train(TrainConfig(out=str(tmp_path / "bad"), init=str(tmp_path / "plain"), **settings), progress=False,
               target=llama_target)
+    with pytest.raises(HyflashError, match="grow but not shrink"):
+        train(TrainConfig(out=str(tmp_path / "bad2"), init=str(tmp_path / "copy"), **{**settings, "copy_ngram": 2}),
+              progress=False, target=llama_target)
     out = train(TrainConfig(out=str(tmp_path / "run"), init=str(tmp_path / "copy"), **settings), progress=False,
                 target=llama_target)
     trained = DrafterModel.from_pretrained(out, llama_target, dtype=torch.float32)

@@ -70,10 +70,11 @@ def build_drafter(config: TrainConfig, target, dataset: TokenDataset):
 
     if config.init:
         model = DrafterModel.from_pretrained(config.init, target, dtype=torch.float32)
-        if config.copy_ngram and model.config.copy_ngram not in (0, config.copy_ngram):
-            raise HyflashError(f"--copy-ngram {config.copy_ngram}: the --init drafter already has a copy input "
-                               f"of {model.config.copy_ngram}; pass --copy-ngram {model.config.copy_ngram}")
-        ngram = model.config.copy_ngram or config.copy_ngram
+        if config.copy_ngram and config.copy_ngram < model.config.copy_ngram:
+            raise HyflashError(f"--copy-ngram {config.copy_ngram}: the --init drafter already has a copy input of "
+                               f"{model.config.copy_ngram}, which can grow but not shrink; pass --copy-ngram "
+                               f"{model.config.copy_ngram} or more")
+        ngram = max(model.config.copy_ngram, config.copy_ngram)
         gate = model.config.copy_gate or config.copy_gate
         if gate and not ngram:
             raise HyflashError(f"--copy-gate: the --init drafter {config.init} has no copy input; add --copy-ngram N")
@@ -96,12 +97,18 @@ def build_drafter(config: TrainConfig, target, dataset: TokenDataset):
 
 def with_copy_input(model, copy_ngram: int, copy_gate: bool = False):
     """The same drafter with a copy input of `copy_ngram` (hyflash.drafters.copy), and its gate if asked, the new
-    weights at zero, so that it drafts exactly as before until trained."""
+    weights at zero, so that it drafts exactly as before until trained. A copy input that grows to longer
+    matches gives each new match length the vector of the longest it had: the drafter then reads a longer
+    match as it read the longest before (only the candidates change, to the occurrence with the longer match)."""
     from hyflash.drafters.model import DrafterModel
 
     config = DrafterConfig.from_dict({**model.config.to_dict(), "copy_ngram": copy_ngram, "copy_gate": copy_gate})
     grown = DrafterModel(config, model.target).to(model.norm.weight)
-    missing, unexpected = grown.load_state_dict(model.state_dict(), strict=False)
+    state = model.state_dict()
+    lengths = state.get("copy_length.weight")
+    if lengths is not None and len(lengths) < copy_ngram + 1:
+        state["copy_length.weight"] = torch.cat([lengths, lengths[-1:].expand(copy_ngram + 1 - len(lengths), -1)])
+    missing, unexpected = grown.load_state_dict(state, strict=False)
     assert not unexpected and all(name.startswith("copy_") for name in missing), (missing, unexpected)
     return grown
 
