@@ -43,26 +43,24 @@ def batched_copy_candidates(tokens: torch.Tensor, anchors: torch.Tensor, num_slo
     """`copy_candidates(tokens[b, :a + 1], ...)` for every anchor a: tokens [B, T], anchors [B, A] ->
     (candidates [B, A, num_slots], match lengths [B, A])."""
     B, T = tokens.shape
-    A = anchors.shape[1]
     device = tokens.device
     anchors = anchors.long()
-    starts = torch.full((B, A), -1, dtype=torch.long, device=device)
-    lengths = torch.zeros(B, A, dtype=torch.long, device=device)
+    ends = torch.arange(T, device=device)
     batch = torch.arange(B, device=device)[:, None]
-    for n in range(max_ngram, 0, -1):
-        if T < n:
-            continue
-        windows = tokens.unfold(1, n, 1)  # [B, T - n + 1, n]: the n-gram starting at each position
-        first = (anchors - n + 1).clamp_min(0)
-        suffix = windows[batch, first]  # [B, A, n]
-        same = (windows[:, None] == suffix[:, :, None]).all(-1)  # [B, A, T - n + 1]
-        where = torch.arange(windows.shape[1], device=device)
-        # An earlier occurrence ends before the anchor (s + n <= a); the suffix itself needs a >= n.
-        same &= (where + n <= anchors[..., None]) & (anchors[..., None] >= n)
-        found = same.any(-1) & (lengths == 0)  # longer matches were tried first
-        latest = torch.where(same, where, -1).amax(-1)
-        starts = torch.where(found, latest + n, starts)
-        lengths = torch.where(found, torch.full_like(lengths, n), lengths)
+    # agree[b, a, e]: for how many tokens, up to max_ngram, the context ending at e (< a) agrees backwards with
+    # the one ending at the anchor; an earlier occurrence of the n-token suffix ends at e exactly when it is
+    # >= n. One [B, A, T] comparison per offset, instead of one per n-gram length and token.
+    running = ends < anchors[..., None]
+    agree = torch.zeros(running.shape, dtype=torch.int16, device=device)
+    for k in range(max_ngram):
+        same = tokens[:, (ends - k).clamp_min(0)][:, None] == tokens.gather(1, (anchors - k).clamp_min(0))[..., None]
+        running = running & same & (ends >= k)
+        if not running.any():
+            break
+        agree += running
+    lengths = agree.amax(-1).long()  # the longest suffix (<= max_ngram) that recurs
+    latest = torch.where((agree >= lengths[..., None]) & (lengths[..., None] > 0), ends, -1).amax(-1)
+    starts = torch.where(lengths > 0, latest + 1, -1)  # its most recent occurrence's continuation
     positions = starts[..., None] + torch.arange(num_slots, device=device)  # [B, A, S]
     known = (lengths[..., None] > 0) & (positions <= anchors[..., None])
     candidates = tokens[batch[..., None], positions.clamp(0, T - 1)]
