@@ -8,10 +8,10 @@ import pytest
 
 from hyflash.decoding import generate
 
-# Measured 2026-12-03 on these three prompts: the shipped drafter (docs/results/drafter-copy-2), with its copy
-# input, tau 4.50 / 4.85 / 2.86 (mean 4.07); the first copy drafter 3.71 / 4.50 / 2.52 (mean 3.58); the drafter
-# before them, without a copy input, 1.85 / 3.94 / 2.25 (mean 2.68); an untrained one of the same shape 1.0 on
-# each. So a drafter that lost its copy input fails too.
+# Measured 2026-12-03 on these three prompts: the shipped drafter (docs/results/drafter-copy-n16: copy input of
+# matches up to 16 tokens and a copy gate), tau 5.73 / 4.20 / 2.52 (mean 4.15); the first copy drafter 3.71 /
+# 4.50 / 2.52 (mean 3.58); the drafter before any copy input 1.85 / 3.94 / 2.25 (mean 2.68); an untrained one of
+# the same shape 1.0 on each. So a drafter that lost its copy input fails too.
 TAU_FLOOR = 2.9
 
 
