@@ -202,6 +202,8 @@ def test_copy_input_refuses_objectives_that_cannot_train_the_pointer():
         TrainConfig(data=["d"], copy_ngram=3, loss="kl")
     with pytest.raises(HyflashError, match="--copy-ngram"):
         TrainConfig(data=["d"], copy_ngram=3, onpolicy_weight=0.5)
+    with pytest.raises(HyflashError, match="--copy-gate"):
+        TrainConfig(data=["d"], copy_gate=True, init="d", loss="kl")
 
 
 @pytest.mark.parametrize("gate", [False, True], ids=["copy", "copy+gate"])

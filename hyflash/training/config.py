@@ -95,13 +95,11 @@ class TrainConfig:
         need(not self.feature_gguf or self.feature_backend == "llama.cpp",
              "--feature-gguf is a llama.cpp file: add --feature-backend llama.cpp")
         need(self.copy_ngram >= 0, f"copy_ngram must be >= 0, got {self.copy_ngram}")
-        need(not self.copy_ngram or (self.loss == "ce" and self.onpolicy_weight == 0),
-             "--copy-ngram trains with --loss ce and no on-policy term: the pointer's column has no target "
-             "distribution (kl) and on-policy sampling does not reach it yet")
+        need(not (self.copy_ngram or self.copy_gate) or (self.loss == "ce" and self.onpolicy_weight == 0),
+             "--copy-ngram and --copy-gate train with --loss ce and no on-policy term: the pointer's column has "
+             "no target distribution (kl) and on-policy sampling does not reach it yet")
         need(not self.copy_gate or self.copy_ngram or self.init,
              "--copy-gate is part of the copy input: add --copy-ngram N (or --init a drafter that has one)")
-        need(not self.copy_gate or (self.loss == "ce" and self.onpolicy_weight == 0),
-             "--copy-gate trains with --loss ce and no on-policy term, like the copy input it belongs to")
         need(self.save_dtype in ("bfloat16", "float32", "float16"), f"unknown save_dtype {self.save_dtype!r}")
         try:
             steps = self.eval_steps()
