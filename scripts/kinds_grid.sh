@@ -23,11 +23,13 @@
 # OUTDIR/bench/ (results.json, table.md, plots), and from docs/results/kinds/summarize.py: OUTDIR/summary.json,
 # claims.md, memory_rules.{json,md}, tau_vs_context_by_kind.png.
 #
+# Every run has the shipped drafter's copy input (16-token matches) and copy gate; COPY_NGRAM=0 leaves them out.
+#
 # Environment: SCALE (gpu|cpu|tiny, required); STAGE=all|train|bench|summary (default all: the bench needs
 # every selected run finished, and runs on the CPU whatever the scale, so STAGE=bench can follow elsewhere);
 # RUNS="NAME ..." trains only those grid runs (the bench then takes every finished one); DRY_RUN=1 prints the
 # commands and runs nothing; JOBS (trainings at once), MODEL, DATA (relative paths: from the repository root),
-# FEATURE_CACHE, DTYPE (the bench's target dtype, default float32), PYTHON.
+# FEATURE_CACHE, DTYPE (the bench's target dtype, default float32), COPY_NGRAM (default 16), PYTHON.
 set -euo pipefail
 die() { echo "kinds_grid: error: $*" >&2; exit 2; }
 [ $# -eq 1 ] || die "usage: SCALE=gpu|cpu|tiny scripts/kinds_grid.sh OUTDIR"
@@ -91,6 +93,11 @@ data="${DATA:-data/smollm2-135m/train-v2 data/smollm2-135m/long-v1 data/smollm2-
 dtype="${DTYPE:-float32}"  # float32: greedy outputs equal plain decoding exactly, and no slow bf16 on CPUs without it
 feature_cache="${FEATURE_CACHE-$feature_cache}"
 max_length=4096 block=8 window=64 chunk=16 vocab=8192 gamma=4
+# The copy input and gate of the shipped drafter (issue 11, docs/training.md section 6: held-out chat tau +0.61
+# from the copy input, +0.13 more from the gate at equal steps), the same for every kind: they feed each slot the n-gram lookup's
+# candidate, so the kinds compete on what attention adds to it. COPY_NGRAM=0 trains without them (section 4).
+copy_ngram="${COPY_NGRAM:-16}"
+[[ "$copy_ngram" =~ ^([0-9]|1[0-6])$ ]] || die "COPY_NGRAM must be 0..16 (0 = no copy input), got '$copy_ngram'"
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || die "JOBS must be a whole number >= 1, got '$jobs'"
 for d in $data; do [ "$dry" = 1 ] || [ -f "$d/manifest.json" ] || die "$d is not a data folder (no manifest.json)"; done
 
@@ -118,6 +125,7 @@ common=(--model "$model" --data $data --max-length $max_length --steps $steps --
         --draft-vocab-size $vocab --gamma $gamma --eval-prompts 0 --save-every $save_every --log-every 10
         --threads $threads --no-progress $plot)
 [ -n "$feature_cache" ] && common+=(--feature-cache "$feature_cache")
+[ "$copy_ngram" != 0 ] && common+=(--copy-ngram "$copy_ngram" --copy-gate)
 
 run_args() {  # NAME -> the flags that make this run what its name says
   local name=$1

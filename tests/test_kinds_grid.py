@@ -236,6 +236,7 @@ def test_dry_run_prints_the_whole_grid_and_one_bench(tmp_path):
         assert "--max-length 4096" in line and line.endswith("--resume")
         assert "--data data/smollm2-135m/train-v2 data/smollm2-135m/long-v1 data/smollm2-135m/train-v3 " in line
         assert "--steps 250 --batch-size 64 --anchors 64 " in line  # the gpu budget, the same for every run
+        assert "--copy-ngram 16 --copy-gate" in line  # the shipped drafter's copy input and gate, for every kind
     bench = [line for line in lines if " bench " in line]
     assert len(bench) == 1
     assert "--sets humaneval,code,long-2k,long-4k,long-8k" in bench[0] and "--temperatures 0,1" in bench[0]
@@ -243,6 +244,9 @@ def test_dry_run_prints_the_whole_grid_and_one_bench(tmp_path):
     assert "--memory-contexts 256,1024,2048,4096,8192" in bench[0] and "--out " + str(tmp_path / "g/bench") in bench[0]
     assert any("anchor_context_share.py" in line for line in lines) and "summarize.py" in lines[-1]
     assert not (tmp_path / "g").exists()  # a dry run writes nothing
+    plain = _script(tmp_path / "g", SCALE="gpu", DRY_RUN="1", COPY_NGRAM="0")
+    assert plain.returncode == 0 and " train " in plain.stdout and "--copy" not in plain.stdout
+    assert _script(tmp_path / "g", SCALE="gpu", DRY_RUN="1", COPY_NGRAM="17").returncode == 2
     bad = _script(tmp_path / "g", SCALE="huge")
     assert bad.returncode == 2 and "SCALE must be gpu, cpu or tiny" in bad.stderr
 
@@ -280,6 +284,8 @@ def test_tiny_scale_runs_end_to_end_and_resumes(tmp_path):
     for name in ("hyflash-d1-s0", "full-d1-s0"):
         assert (out / "runs" / name / "drafter" / "config.json").exists()
         assert json.loads((out / "runs" / name / "train_config.json").read_text())["max_length"] == 4096
+        drafter = json.loads((out / "runs" / name / "drafter" / "config.json").read_text())
+        assert drafter["copy_ngram"] == 16 and drafter["copy_gate"] is True
     results = json.loads((out / "bench" / "results.json").read_text())
     assert results["meta"]["config"]["sets"] == SETS and results["meta"]["config"]["temperatures"] == [0.0, 1.0]
     assert {r["method"] for r in results["runs"]} == {"plain", "hyflash-d1-s0", "full-d1-s0"}
