@@ -19,7 +19,7 @@ import torch
 
 from hyflash.distill import credit, losses, reach, tasks
 from hyflash.distill.protocol import best_learning_rate, grid_score, pick_layers, rate_past_the_edge
-from hyflash.distill.report import build_summary
+from hyflash.distill.report import build_summary, results_table
 from hyflash.distill.scales import SCALES, get_scale
 from hyflash.errors import HyflashError
 
@@ -229,6 +229,8 @@ def test_summary_fields_and_verdict_on_synthetic_runs(tmp_path):
     assert summary["bar"]["teacher_at_least_0.8"] and summary["bar"]["start_at_most_0.3"]
     assert summary["bar"]["verdict_recorded"] and summary["bar"]["met"] is True
     json.dumps(summary, allow_nan=False)  # strict JSON: no NaN or Infinity anywhere
+    table = results_table(summary)  # the page's table: one row per method, the interval to two decimals
+    assert table.count("\n| ") == 6 and f"CI [{lo:.2f}, {hi:.2f}]" in table and "bar met: True" in table
 
 
 # ----- the trainer pieces the protocol relies on ------------------------------------------------------------

@@ -127,6 +127,10 @@ def _fmt(x, digits: int = 3) -> str:
     return "—" if x is None else f"{x:.{digits}f}"
 
 
+def _ci(lo, hi, upper_unbounded: bool = False) -> str:
+    return f"[{_fmt(lo, 2)}, {'∞' if upper_unbounded else _fmt(hi, 2)}]"
+
+
 def results_table(summary: dict) -> str:
     """The markdown table for docs/reopold.md: one row per method."""
     reach = summary["reach"].get("methods", {})
@@ -137,16 +141,16 @@ def results_table(summary: dict) -> str:
     for method, c in summary["curves"].items():
         r = reach.get(method, {})
         finals = ", ".join(_fmt(a[-1]) for a in c["accuracy_per_seed"].values())
-        lo, hi = r.get("ratio_ci", [None, None])
-        ci = f"[{_fmt(lo, 2)}, {'∞' if r.get('ci_upper_unbounded') else _fmt(hi, 2)}]" if r else ""
+        ci = _ci(*r.get("ratio_ci", [None, None]), r.get("ci_upper_unbounded", False)) if r else ""
         reach_at = _fmt(r.get("samples_to_reach"), 0) if r else "—"
         rows.append(
             f"| {method} | {len(c['accuracy_per_seed'])} | {lrs.get(method, '—')} | "
             f"{_fmt(c['accuracy_smoothed'][0])} → {_fmt(c['accuracy_smoothed'][-1])} | {finals} | {reach_at} | "
             f"{_fmt(r.get('ratio_vs_opd'), 2)} {ci} | "
             f"{_fmt(c['entropy_mean'][0], 2)} → {_fmt(c['entropy_mean'][-1], 2)} |")
+    reo_unbounded = reach.get("reopold", {}).get("ci_upper_unbounded", False)
     verdict = (f"Level: {_fmt(summary['level'])}; REOPOLD vs OPD samples-to-reach ratio "
-               f"{_fmt(summary['samples_to_reach_ratio'], 2)}, CI {summary['samples_to_reach_ratio_ci']}; "
+               f"{_fmt(summary['samples_to_reach_ratio'], 2)}, CI {_ci(*(summary['samples_to_reach_ratio_ci'] or [None, None]), reo_unbounded)}; "
                f"within_one_third: {summary['within_one_third']}; direction: {summary['direction']}; "
                f"OPD improved over start: {summary['opd_improved_over_start']}; bar met: {summary['bar']['met']}.")
     head = (f"Teacher {_fmt(summary['teacher_accuracy'])}, warm start {_fmt(summary['start_accuracy'])} "
