@@ -148,9 +148,10 @@ def results_table(summary: dict) -> str:
             f"{_fmt(c['accuracy_smoothed'][0])} → {_fmt(c['accuracy_smoothed'][-1])} | {finals} | {reach_at} | "
             f"{_fmt(r.get('ratio_vs_opd'), 2)} {ci} | "
             f"{_fmt(c['entropy_mean'][0], 2)} → {_fmt(c['entropy_mean'][-1], 2)} |")
-    reo_unbounded = reach.get("reopold", {}).get("ci_upper_unbounded", False)
+    reo_ci = _ci(*(summary["samples_to_reach_ratio_ci"] or [None, None]),
+                 reach.get("reopold", {}).get("ci_upper_unbounded", False))
     verdict = (f"Level: {_fmt(summary['level'])}; REOPOLD vs OPD samples-to-reach ratio "
-               f"{_fmt(summary['samples_to_reach_ratio'], 2)}, CI {_ci(*(summary['samples_to_reach_ratio_ci'] or [None, None]), reo_unbounded)}; "
+               f"{_fmt(summary['samples_to_reach_ratio'], 2)}, CI {reo_ci}; "
                f"within_one_third: {summary['within_one_third']}; direction: {summary['direction']}; "
                f"OPD improved over start: {summary['opd_improved_over_start']}; bar met: {summary['bar']['met']}.")
     head = (f"Teacher {_fmt(summary['teacher_accuracy'])}, warm start {_fmt(summary['start_accuracy'])} "

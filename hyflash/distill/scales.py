@@ -121,9 +121,10 @@ SCALES = {
     "cpu": _CPU,
     # The cpu scale with the grid one step lower. The first cpu run ended with OPD +0.023 over its start, just
     # under two standard errors (0.025), and every sampled-token method chose the grid's lowest rate; a preset
-    # of its own, so that run's folder and figures stay as they were. Its main runs were first sized at 256 steps (4,096 samples, ~5.6 h for the 12 runs). Cut to 128 steps
-    # (2,048 samples, the bar's 2,000) before any main run started, once the grid had shown the lower rate to be
-    # the lever: OPD at 1e-5 rose 0.086 -> 0.156 of validation in 64 steps (at 3e-5 in the cpu run: +0.02).
+    # of its own, so that run's folder and figures stay as they were. Its main runs were first sized at 256
+    # steps (4,096 samples, ~5.6 h for the 12 runs), then cut to 128 (2,048 samples, the bar's 2,000) before any
+    # main run started, once the grid had shown the lower rate to be the lever: OPD at 1e-5 rose 0.086 -> 0.156
+    # of validation in 64 steps (at 3e-5 in the cpu run: +0.02).
     "cpu-long": dataclasses.replace(_CPU, name="cpu-long", steps=128, lr_grid=(1e-5, 3e-5, 1e-4)),
     "gpu": Scale(
         # Evaluations run as one batch of 1,024 (decoding a small model on an H200 is bound by kernel launches,
