@@ -94,8 +94,9 @@ dtype="${DTYPE:-float32}"  # float32: greedy outputs equal plain decoding exactl
 feature_cache="${FEATURE_CACHE-$feature_cache}"
 max_length=4096 block=8 window=64 chunk=16 vocab=8192 gamma=4
 # The copy input and gate of the shipped drafter (issue 11, docs/training.md section 6: held-out chat tau +0.61
-# from the copy input, +0.13 more from the gate at equal steps), the same for every kind: they feed each slot the n-gram lookup's
-# candidate, so the kinds compete on what attention adds to it. COPY_NGRAM=0 trains without them (section 4).
+# from the copy input, +0.13 more from the gate at equal steps), the same for every kind: they feed each slot
+# the n-gram lookup's candidate, so the kinds compete on what attention adds to it. COPY_NGRAM=0 trains without
+# them (section 4).
 copy_ngram="${COPY_NGRAM:-16}"
 [[ "$copy_ngram" =~ ^([0-9]|1[0-6])$ ]] || die "COPY_NGRAM must be 0..16 (0 = no copy input), got '$copy_ngram'"
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || die "JOBS must be a whole number >= 1, got '$jobs'"
