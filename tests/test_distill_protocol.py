@@ -231,6 +231,9 @@ def test_summary_fields_and_verdict_on_synthetic_runs(tmp_path):
     json.dumps(summary, allow_nan=False)  # strict JSON: no NaN or Infinity anywhere
     table = results_table(summary)  # the page's table: one row per method, the interval to two decimals
     assert table.count("\n| ") == 6 and f"CI [{lo:.2f}, {hi:.2f}]" in table and "bar met: True" in table
+    # a run where no level was reached (as the tiny scale gives) records no ratio, and the page still renders
+    undecided = dict(summary, reach=dict(summary["reach"], reopold_vs_opd=None), samples_to_reach_ratio=None)
+    assert "ratio —, CI" in results_table(undecided)
 
 
 # ----- the trainer pieces the protocol relies on ------------------------------------------------------------

@@ -148,7 +148,7 @@ def results_table(summary: dict) -> str:
             f"{_fmt(c['accuracy_smoothed'][0])} → {_fmt(c['accuracy_smoothed'][-1])} | {finals} | {reach_at} | "
             f"{_fmt(r.get('ratio_vs_opd'), 2)} {ci} | "
             f"{_fmt(c['entropy_mean'][0], 2)} → {_fmt(c['entropy_mean'][-1], 2)} |")
-    reo = summary["reach"].get("reopold_vs_opd", {})  # the source of samples_to_reach_ratio{,_ci}
+    reo = summary["reach"].get("reopold_vs_opd") or {}  # the source of samples_to_reach_ratio{,_ci}
     reo_ci = _ci(*(reo.get("ci") or [None, None]), reo.get("ci_upper_unbounded", False))
     verdict = (f"Level: {_fmt(summary['level'])}; REOPOLD vs OPD samples-to-reach ratio "
                f"{_fmt(summary['samples_to_reach_ratio'], 2)}, CI {reo_ci}; "
