@@ -8,7 +8,8 @@
 #
 # Resumable: run it again with the same OUTDIR. A finished run (runs/NAME/drafter/config.json) is skipped, an
 # unfinished one continues from its newest checkpoint (--resume), a finished bench (same command) is not
-# redone; the bench itself restarts from scratch if it was stopped (one run, several hours at SCALE=cpu).
+# redone, and a stopped or grown bench resumes (`hyflash bench --resume`: only the drafters and prompts its
+# results.json lacks run), so STAGE=bench can follow each trained run and the bench grows with the grid.
 #
 # The grid (names are the bench's --drafter names; all hyflash-family defaults: block 8, window 64, chunk 16,
 # draft vocabulary 8,192, memory rule gated_delta; equal parameters within 0.3%, docs/results.md section 4):
@@ -73,7 +74,7 @@ case "$scale" in
     # run, ~20-30 min per depth-2 run, ~4-5 h for the 17 runs. The bench: 18 methods x 5 sets x 2 temperatures x
     # 3 prompts, 48 new tokens, float32, 2 threads; prefill ~150 tokens/s per thread in float32 (docs/training.md
     # section 5), 15.5k prompt tokens per method, temperature and prompt: ~2-3 h. Total ~6-8 h, resumable across
-    # sessions (a stopped bench restarts).
+    # sessions (a stopped bench resumes).
     # Needs the feature cache cache/features (filled by the data v2 runs; otherwise the first epoch fills it).
     steps=500 batch=8 anchors=64 lr=2e-3 warmup=25 save_every=25
     jobs=${JOBS:-1} threads=2 feature_cache=cache/features plot=--plot
@@ -222,7 +223,7 @@ if [ "$stage" = all ] || [ "$stage" = bench ]; then
   fi
   bench=("$py" -m hyflash.cli bench --model "$model" --dtype "$dtype" --no-adaptive
          --sets humaneval,code,long-2k,long-4k,long-8k --n $bench_n --max-new-tokens $bench_new --temperatures 0,1
-         --methods plain "${drafters[@]}" --memory-contexts $mem_contexts --sweep-kinds '' --seed 0 --out "$out/bench")
+         --methods plain "${drafters[@]}" --memory-contexts $mem_contexts --sweep-kinds '' --seed 0 --out "$out/bench" --resume)
   [ -n "$bench_threads" ] && bench+=(--threads "$bench_threads")
   # --no-adaptive: every draft is verified in full, so tau measures the drafter, not this machine's cost curve.
   if [ "$dry" = 1 ]; then

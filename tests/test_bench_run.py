@@ -144,3 +144,51 @@ def test_llama_cpp_peers_are_skipped_with_a_note(monkeypatch, tmp_path, installe
     assert set(results["skipped"]) == {"llamacpp-plain", "llamacpp-prompt-lookup"}
     assert all(reason in why for why in results["skipped"].values()), results["skipped"]
     assert "Method llamacpp-plain skipped:" in markdown_table(results)
+
+
+def test_resume_keeps_matching_records_and_runs_only_what_is_missing(tmp_path):
+    """A bench grown by a drafter runs only that drafter; a drafter with new weights, and the records a stopped
+    bench never wrote, are measured again; other settings are refused."""
+    import torch
+
+    from hyflash.drafters.config import DrafterConfig
+    from hyflash.drafters.model import DrafterModel
+    from hyflash.errors import HyflashError
+
+    target = word_target()
+
+    def drafter(name, seed):
+        torch.manual_seed(seed)
+        config = DrafterConfig.for_target(target, kind="hyflash", window=16)
+        return str(DrafterModel(config, target).save_pretrained(tmp_path / name))
+
+    def bench(drafters, resume=True, **changes):
+        settings = dict(sets=("prose",), n=2, max_new_tokens=8, temperatures=(0.0, 1.0), methods=("plain", "ngram"))
+        config = BenchConfig(**{**settings, **changes}, drafters=drafters, memory_contexts=())
+        lines = []
+        results = run_bench(config, target=target, out_dir=tmp_path / "bench", log=lines.append, resume=resume)
+        return results, lines
+
+    first, _ = bench({"a": drafter("a", 0)}, resume=False)
+    assert len(first["runs"]) == 2 * 2 * 3  # temperatures x prompts x methods
+    grown, lines = bench({"a": drafter("a", 0), "b": drafter("b", 1)})
+    assert grown["meta"]["resumed"][-1]["records_kept"] == 12 and any("12 of its 12 records kept" in x for x in lines)
+    old = {(r["temperature"], r["item_id"], r["method"]): r for r in first["runs"]}
+    for r in grown["runs"]:  # kept records are the earlier measurements themselves, in the configured order
+        if r["method"] != "b":
+            assert r == old[(r["temperature"], r["item_id"], r["method"])]
+    assert [r["method"] for r in grown["runs"][:4]] == ["plain", "ngram", "a", "b"]
+    b_greedy = [r for r in grown["summary"] if r["method"] == "b" and r["temperature"] == 0]
+    assert b_greedy[0]["identical_to_plain"] == 2  # checked against the kept plain tokens
+
+    # New weights under the same name: a's records are measured again, the others kept.
+    retrained, _ = bench({"a": drafter("a", 2), "b": drafter("b", 1)})
+    assert retrained["meta"]["resumed"][-1]["records_kept"] == 12
+    # A bench stopped before its last prompt: only that prompt's records are missing, so only they run.
+    on_disk = json.loads((tmp_path / "bench" / "results.json").read_text())
+    on_disk["runs"] = on_disk["runs"][:-4]
+    (tmp_path / "bench" / "results.json").write_text(json.dumps(on_disk))
+    finished, _ = bench({"a": drafter("a", 2), "b": drafter("b", 1)})
+    assert finished["meta"]["resumed"][-1]["records_kept"] == 12 and len(finished["runs"]) == 16
+    with pytest.raises(HyflashError, match="other settings \\(max_new_tokens\\)"):
+        bench({"a": drafter("a", 2)}, max_new_tokens=6)

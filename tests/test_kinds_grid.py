@@ -242,6 +242,7 @@ def test_dry_run_prints_the_whole_grid_and_one_bench(tmp_path):
     assert "--sets humaneval,code,long-2k,long-4k,long-8k" in bench[0] and "--temperatures 0,1" in bench[0]
     assert sorted(re.findall(r"--drafter (\S+)=", bench[0])) == sorted(expected)
     assert "--memory-contexts 256,1024,2048,4096,8192" in bench[0] and "--out " + str(tmp_path / "g/bench") in bench[0]
+    assert bench[0].endswith(" --resume")  # the bench grows with the grid: only new drafters and prompts run
     assert any("anchor_context_share.py" in line for line in lines) and "summarize.py" in lines[-1]
     assert not (tmp_path / "g").exists()  # a dry run writes nothing
     plain = _script(tmp_path / "g", SCALE="gpu", DRY_RUN="1", COPY_NGRAM="0")

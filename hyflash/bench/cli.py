@@ -59,6 +59,9 @@ def add_cli(sub) -> None:
                    help="regression mode (overrides --sets/--n/--max-new-tokens/--temperatures): 2 prompts, "
                    "32 tokens, T=0 and 1, sets humaneval, code, long-4k, prose (< 10 min on 2 CPU cores)")
     p.add_argument("--out", default="bench-results", help="folder for results.json, table.md and plots")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the results.json in --out: keep its records of the same settings and drafters, "
+                   "run only what it lacks (a stopped bench, or one grown by new --drafter folders)")
     p.add_argument("--report-only", metavar="RESULTS_JSON", help="redraw table and plots from a results.json")
     p.set_defaults(handler=cmd_bench)
 
@@ -90,7 +93,8 @@ def cmd_bench(args) -> int:
     if args.quick:
         config = quick(config)
     command = "hyflash " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    results = run_bench(config, out_dir=args.out, log=lambda line: print(line, flush=True), command=command)
+    results = run_bench(config, out_dir=args.out, log=lambda line: print(line, flush=True), command=command,
+                        resume=args.resume)
     write_report(results, args.out)
     print(markdown_table(results))
     for name, error in results["errors"].items():

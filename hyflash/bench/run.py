@@ -7,7 +7,14 @@ ratios of measurements from this one run, never against numbers from elsewhere.
 results.json holds the configuration and machine, one record per (method, prompt, temperature), the
 per-set summary, the draft-memory sweep, any method that failed (`errors`) and any that could not run here
 (`skipped`, with the reason: llama.cpp peers without llama-cpp-python, Hugging Face methods on a llama.cpp
-target). It is rewritten after every set, so an interrupted run keeps what it measured.
+target). It is rewritten (atomically) after every prompt, so an interrupted run keeps what it measured.
+
+With resume=True (`hyflash bench --resume`) a run continues the results.json already in its folder: records of
+the same (temperature, set, prompt, method) are kept, so a stopped bench goes on where it stopped and a bench
+grown by new drafters runs only those. The settings that shape a record (target, dtype, sets, prompts, lengths,
+temperatures, seed, policy) must match, and a drafter whose weights changed is measured again. Kept records keep
+their times: speed-ups then mix sessions, while tau and acceptance (what a drafter's quality is) do not depend
+on the session.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from hyflash.bench.methods import (
 )
 from hyflash.calibration import cpu_description
 from hyflash.errors import HyflashError
+from hyflash.files import atomic_write_json
 from hyflash.sampling import SamplingConfig
 
 PLAIN, HF_PLAIN, HF_PLD = "plain", "hf-plain", "hf-prompt-lookup"
@@ -173,8 +181,10 @@ def run_bench(
     out_dir: str | Path | None = None,
     log: Callable[[str], None] = print,
     command: str = "",
+    resume: bool = False,
 ) -> dict:
-    """Run every method on every prompt; return (and write, with out_dir) the results dictionary."""
+    """Run every method on every prompt; return (and write, with out_dir) the results dictionary.
+    resume: keep the matching records of out_dir's results.json and run only what it lacks (module doc)."""
     if config.threads:
         torch.set_num_threads(config.threads)
     from hyflash import engine
@@ -212,7 +222,7 @@ def run_bench(
         results["meta"]["seconds"] = round(time.time() - started, 1)
         if out_dir:
             out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / "results.json").write_text(json.dumps(results, indent=1))
+            atomic_write_json(out_dir / "results.json", results)
 
     prompts = {name: load_set(name, target, config.n, config.max_new_tokens) for name in config.sets}
     methods = _skip_unavailable(methods, target, results["skipped"], log)
@@ -220,22 +230,30 @@ def run_bench(
     kept = {m.name for m in methods}
     results["meta"]["drafters"] = {n: drafter_identity(s, target) for n, s in config.drafters.items()
                                   if any(k == n or k.startswith(f"{n}@t") for k in kept)}
+    kept_records = _resumable_records(out_dir, results["meta"], kept, log) if resume and out_dir else {}
 
     for temperature in config.temperatures:
         sampling = SamplingConfig(temperature=temperature)
         for set_name, items in prompts.items():
             for i, prompt in enumerate(items):
                 seed = config.seed + i
-                order = methods[i % len(methods):] + methods[: i % len(methods)]
+                key = (temperature, set_name, prompt.item_id)
+                order = [m for m in methods[i % len(methods):] + methods[: i % len(methods)]
+                         if (*key, m.name) not in kept_records]
                 runs = {m.name: m.run(target, list(prompt.ids), config.max_new_tokens, sampling, seed) for m in order}
-                plain = runs.get(PLAIN)
+                plain = runs[PLAIN].tokens if PLAIN in runs else kept_records.get((*key, PLAIN), {}).get("tokens")
                 for m in methods:  # records in the configured order, whatever order they ran in
+                    if m.name not in runs:
+                        results["runs"].append(kept_records[(*key, m.name)])
+                        continue
                     record = _record(runs[m.name], prompt, temperature, seed)
                     if sampling.greedy and plain is not None:
-                        record["identical_to_plain"] = runs[m.name].tokens == plain.tokens
+                        record["identical_to_plain"] = runs[m.name].tokens == plain
                     results["runs"].append(record)
-                log(_progress_line(set_name, prompt, temperature, runs))
-            save()
+                if runs:
+                    log(_progress_line(set_name, prompt, temperature, runs))
+                    save()
+    save()
 
     if config.memory_contexts:
         drafters = {m.name: m.drafter() for m in methods if isinstance(m, LoopMethod) and m.drafter() is not None}
@@ -245,6 +263,42 @@ def run_bench(
         results["drafter_params"] = {name: param_count(d) for name, d in drafters.items()}
     save()
     return results
+
+
+# What a record depends on besides its method: a resumed bench must match the earlier one in all of these.
+RECORD_SETTINGS = ("model", "backend", "target_options", "dtype", "adaptive", "keep_drafter", "sets", "n",
+                   "max_new_tokens", "temperatures", "seed", "pld_tokens", "ngram_block")
+
+
+def _resumable_records(out_dir: Path, meta: dict, methods: set[str], log) -> dict[tuple, dict]:
+    """(temperature, set, item_id, method) -> the record out_dir/results.json holds for it, for every method that
+    runs now with the same identity (a drafter with other weights is measured again)."""
+    path = out_dir / "results.json"
+    if not path.exists():
+        return {}
+    try:
+        earlier = json.loads(path.read_text())
+        old_meta, records = earlier["meta"], earlier["runs"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise HyflashError(f"--resume: {path} cannot be read ({exc}); "
+                           "rerun without --resume or use another --out") from exc
+    differ = [k for k in RECORD_SETTINGS if json.dumps(old_meta["config"].get(k)) != json.dumps(meta["config"][k])]
+    if old_meta.get("target") != meta["target"]:
+        differ.append("target")
+    if differ:
+        raise HyflashError(f"--resume: {path} was measured with other settings ({', '.join(differ)}); "
+                           "run with the same ones, or use another --out")
+
+    def same(name: str) -> bool:
+        base = name.split("@t")[0]  # a tree variant NAME@tN is the drafter NAME's
+        old, new = old_meta.get("drafters", {}).get(base), meta["drafters"].get(base)
+        return name in methods and (old or {}).get("sha256") == (new or {}).get("sha256")
+
+    kept = {(r["temperature"], r["set"], r["item_id"], r["method"]): r for r in records if same(r["method"])}
+    meta["resumed"] = [*old_meta.get("resumed", []), {"date": old_meta.get("date"), "seconds": old_meta.get("seconds"),
+                                                      "records_kept": len(kept)}]
+    log(f"resuming {path}: {len(kept)} of its {len(records)} records kept")
+    return kept
 
 
 def _skip_unavailable(methods, target, skipped: dict, log) -> list:
