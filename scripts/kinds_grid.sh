@@ -234,7 +234,7 @@ if [ "$stage" = all ] || [ "$stage" = bench ]; then
     rm -f "$out/bench/.complete"
     echo "== bench: $(( ${#drafters[@]} / 2 )) drafters and plain decoding ($(date -u +%H:%M:%S) UTC)"
     start=$(date +%s)
-    "${bench[@]}" > "$out/logs/bench.log" 2>&1 || { tail -n 5 "$out/logs/bench.log" >&2; die "the bench failed (see $out/logs/bench.log)"; }
+    "${bench[@]}" >> "$out/logs/bench.log" 2>&1 || { tail -n 5 "$out/logs/bench.log" >&2; die "the bench failed (see $out/logs/bench.log)"; }
     echo $(( $(date +%s) - start )) > "$out/bench/wall_seconds"
     show "${bench[@]}" > "$out/bench/.complete"
   fi
