@@ -64,8 +64,10 @@ def test_fast_path_in_float32_and_int8_drafts_like_the_general_path(llama3_targe
         state.ingest(tokens[0, :37], features[0, :37])
     torch.testing.assert_close(fast.block_hidden(7), general.block_hidden(7), atol=1e-5, rtol=1e-5)
     exact = model.logits(general.block_hidden(7))
+    params = model.param_count()
     fast.quantize_int8()
     assert model.int8_head is not None  # the model's Linears (ingest, head) are int8 too
+    assert model.param_count() == params  # the bench's parameter column counts the float model, int8 or not
     quantized = model.logits(fast.block_hidden(7))
     # int8 weights move the logits a little, not the draft: top-1 agrees where the reference is not a near-tie.
     top2 = exact.topk(2, -1).values

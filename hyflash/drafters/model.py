@@ -63,6 +63,10 @@ class DrafterModel(nn.Module):
         return self.norm.weight.dtype
 
     def param_count(self) -> int:
+        """The drafter's own trainable parameters (the target's embedding and head are borrowed). An int8 copy
+        reports its float model's count: its quantised linears hold packed weights, not parameters."""
+        if self.int8_head is not None:
+            return self._float_param_count
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
 
     # ----- frozen target pieces ------------------------------------------------------------------------
@@ -99,6 +103,7 @@ class DrafterModel(nn.Module):
 
         from torch.ao.quantization import quantize_dynamic
 
+        self._float_param_count = self.param_count()
         head = nn.Linear(self.config.target_hidden_size, 1, bias=False)
         head.weight = nn.Parameter(self._head_weight().detach().float(), requires_grad=False)
         with warnings.catch_warnings():  # torch.ao's deprecation notice is for library authors, not users
