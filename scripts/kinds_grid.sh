@@ -235,7 +235,8 @@ if [ "$stage" = all ] || [ "$stage" = bench ]; then
     echo "== bench: $(( ${#drafters[@]} / 2 )) drafters and plain decoding ($(date -u +%H:%M:%S) UTC)"
     start=$(date +%s)
     "${bench[@]}" >> "$out/logs/bench.log" 2>&1 || { tail -n 5 "$out/logs/bench.log" >&2; die "the bench failed (see $out/logs/bench.log)"; }
-    echo $(( $(date +%s) - start )) > "$out/bench/wall_seconds"
+    # the bench's time over all its calls (each grows it by the runs trained since)
+    echo $(( $(date +%s) - start + $(cat "$out/bench/wall_seconds" 2>/dev/null || echo 0) )) > "$out/bench/wall_seconds"
     show "${bench[@]}" > "$out/bench/.complete"
   fi
 fi

@@ -21,6 +21,7 @@ from hyflash.training.data import TokenDataset, write_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "kinds_grid.sh"
+COLLECT = ROOT / "docs" / "results" / "kinds" / "collect.sh"
 SETS = ["humaneval", "code", "long-2k", "long-4k", "long-8k"]
 LENGTHS = {"humaneval": 150, "code": 1024, "long-2k": 2048, "long-4k": 4096, "long-8k": 8192}
 
@@ -280,8 +281,11 @@ def test_tiny_scale_runs_end_to_end_and_resumes(tmp_path):
     model, data = _tiny_model_and_data(tmp_path)
     out = tmp_path / "grid"
     env = {"SCALE": "tiny", "MODEL": str(model), "DATA": str(data), "RUNS": "hyflash-d1-s0 full-d1-s0"}
-    first = _script(out, **env)
+    alone = _script(out, **{**env, "RUNS": "hyflash-d1-s0"})  # one run trained and benched ...
+    assert alone.returncode == 0, alone.stdout[-3000:] + alone.stderr[-3000:]
+    first = _script(out, **env)  # ... then the bench grows by the next: the first run's records are kept
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "records kept" in (out / "logs" / "bench.log").read_text()
     for name in ("hyflash-d1-s0", "full-d1-s0"):
         assert (out / "runs" / name / "drafter" / "config.json").exists()
         assert json.loads((out / "runs" / name / "train_config.json").read_text())["max_length"] == 4096
@@ -302,6 +306,14 @@ def test_tiny_scale_runs_end_to_end_and_resumes(tmp_path):
     again = _script(out, **env)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("finished, skipped") == 2 and "bench: finished with the same command" in again.stdout
+    # The committed copy: summary, claims, the bench and each run's logs, no weights.
+    docs = tmp_path / "docs"
+    collected = subprocess.run(["bash", str(COLLECT), str(out)], env={**os.environ, "DEST": str(docs)},
+                               capture_output=True, text=True, timeout=30)
+    assert collected.returncode == 0, collected.stderr
+    assert json.loads((docs / "summary.json").read_text()) == summary and (docs / "grid/bench/results.json").exists()
+    assert sorted(p.name for p in (docs / "grid/runs").iterdir()) == ["full-d1-s0", "hyflash-d1-s0"]
+    assert not list(docs.rglob("*.safetensors"))
     # Other settings in the same OUTDIR are refused.
     other = _script(out, **{**env, "FEATURE_CACHE": str(tmp_path / "fc")})
     assert other.returncode == 2 and "other settings" in other.stderr
