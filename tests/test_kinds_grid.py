@@ -111,11 +111,15 @@ def test_summary_averages_prompts_per_seed_then_over_seeds(tmp_path):
     assert rules["gated_delta"] == {"drafter": "hyflash-d1-s0", "sets": {"code": 1.5}}
     claims = (tmp_path / "out" / "claims.md").read_text()
     assert "not used" in claims and "ngram" in claims and "hyflash-d1-s0@t8" in claims
+    # The sampled runs (tau 9.0 in write_bench) make their own summary and claims section, apart from greedy's.
+    sampled = json.loads((tmp_path / "out" / "summary_t1.json").read_text())
+    assert sampled["hyflash-d1"]["code"] == {"tau_mean": 9.0, "tau_seeds": [9.0, 9.0, 9.0]}
+    assert claims.index("## Greedy") < claims.index(summarize.SAMPLED_TITLE)
 
 
 def _verdicts(tmp_path, **grid) -> dict[str, tuple[float, float, str]]:
     bench = write_bench(tmp_path / "bench", grid_taus(**grid))
-    seeds, _, sets, _ = summarize.greedy_taus(summarize.load_results(bench)[0])
+    seeds, _, sets, _ = summarize.taus(summarize.load_results(bench)[0])
     rows = summarize.claims(summarize.summary(seeds, sets), sets)
     return {r["claim"][:3]: (r["statistic"], r["noise"], r["verdict"]) for r in rows}
 
@@ -148,7 +152,8 @@ def test_verdict_rule_and_claims_table(tmp_path):
     summarize.write_all(bench)
     claims = (bench / "claims.md").read_text()
     rows = [line for line in claims.splitlines() if line.startswith("| (")]
-    assert len(rows) == 3 and all("**supported**" in r for r in rows[:2])
+    assert len(rows) == 6 and all("**supported**" in r for r in rows[:2])  # greedy, then T = 1
+    assert all("**within noise**" in r for r in rows[3:])  # write_bench samples 9.0 for every drafter: no gain
     assert "largest seed spread" in claims and "Parameters (seed 0): full-d1 6,310,000, hyflash-d1 6,325,000" in claims
     assert "| linear |" not in claims and "gated_delta | hyflash-d1-s0" in claims  # no rule runs but the default
     # A claim with a missing kind: not measured.

@@ -16,6 +16,7 @@ other methods (plain, ngram, drafters named otherwise, tree variants NAME@tN) ar
                         the default rule's row is the seed-0 grid run itself unless a -rule- run of it exists
   memory_rules.md       that table
   tau_vs_context_by_kind.png   greedy tau against prompt length per kind-depth, seed range as error bars
+  summary_t1.json       the summary at T = 1, when the bench sampled at T = 1 (claims.md has its claims too)
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ RULE_NAME = re.compile(rf"^(?P<kind>{'|'.join(KINDS)})-d(?P<depth>[1-9][0-9]*)-r
 DEFAULT_RULE = "gated_delta"  # DrafterConfig.memory_rule's default: what every seed run of the grid uses
 SHORT, LONG = "code", "long-8k"  # claim (c): the gain at the longest context against 1k-token code
 PLOT = "tau_vs_context_by_kind.png"
+SAMPLED = 1.0  # the bench's sampling temperature: its claims are reported beside the greedy verdicts
+SAMPLED_TITLE = "At T = 1 (sampling; the same statistics and noise rule, reported beside the greedy verdicts)"
 
 NOISE_RULE = (
     "Each cell (kind-depth, set) has one greedy τ per seed (the mean over that set's prompts) and its seed "
@@ -73,15 +76,15 @@ def _check_identity(name: str, kind: str, depth: int, rule: str | None, drafters
         raise HyflashError(f"drafter {name!r} is named as ({said}) but its folder holds ({was}): fix the --drafter name")
 
 
-def greedy_taus(results: dict) -> tuple[dict, dict, list[str], list[str]]:
-    """(seeds, rules, sets, notes): seeds[kind-depth][seed][set] and rules[rule][set] = mean greedy tau over
-    that set's prompts (per-prompt tau, NaN prompts left out); sets in bench order."""
+def taus(results: dict, temperature: float = 0.0) -> tuple[dict, dict, list[str], list[str]]:
+    """(seeds, rules, sets, notes): seeds[kind-depth][seed][set] and rules[rule][set] = mean tau at this
+    temperature over that set's prompts (per-prompt tau, NaN prompts left out); sets in bench order."""
     drafters = results.get("meta", {}).get("drafters") or {}
     per_prompt: dict[str, dict[str, list[float]]] = {}
     sets: list[str] = []
     for r in results["runs"]:
         try:
-            if float(r["temperature"]) != 0.0:
+            if float(r["temperature"]) != temperature:
                 continue
             method, set_name, tau = r["method"], r["set"], float(r["tau"])
         except (KeyError, TypeError, ValueError) as exc:
@@ -174,7 +177,7 @@ def claims(table: dict, sets: list[str]) -> list[dict]:
     """Rows (a), (b), (c): claim, statistic, noise, verdict, and what the statistic is."""
     rows = []
     a, cells_a = _mean_gain(table, 1, sets)
-    rows.append({"claim": "(a) hyflash has a higher greedy τ than full at equal parameters (depth 1)",
+    rows.append({"claim": "(a) hyflash has a higher τ than full at equal parameters (depth 1)",
                  "statistic": a, "cells": cells_a,
                  "what": f"mean over the {len(sets)} sets of τ(hyflash-d1) − τ(full-d1)"})
     g1, cells_1 = _mean_gain(table, 1, sets)
@@ -201,20 +204,13 @@ def _num(x: float | None, sign: bool = False) -> str:
     return "–" if x is None else (f"{x:+.3f}" if sign else f"{x:.3f}")
 
 
-def claims_markdown(results: dict, table: dict, rules: dict, sets: list[str], notes: list[str]) -> str:
-    rows = claims(table, sets)
-    params = results.get("drafter_params") or {}
-    lines = ["# Kinds grid: claims", "", f"Bench: `{results.get('meta', {}).get('command', '?')}`", "",
-             f"Noise rule: {NOISE_RULE}", "",
-             "| claim | statistic | value | noise (max seed spread) | verdict |", "|---|---|---:|---:|---|"]
-    for r in rows:
+def _claims_lines(table: dict, sets: list[str], what: str) -> list[str]:
+    """The claims table, the gain per set and τ per kind-depth, for the τ of one temperature (`what`)."""
+    lines = ["| claim | statistic | value | noise (max seed spread) | verdict |", "|---|---|---:|---:|---|"]
+    for r in claims(table, sets):
         lines.append(f"| {r['claim']} | {r['what']} | {_num(r['statistic'], True)} | {_num(r['noise'])} | "
                      f"**{r['verdict']}** |")
-    if params:
-        counted = {k: v for k, v in params.items() if SEED_NAME.match(k) and k.endswith("-s0")}
-        if counted:
-            lines += ["", "Parameters (seed 0): " + ", ".join(f"{k[:-3]} {v:,}" for k, v in counted.items())]
-    lines += ["", "## Gain τ(hyflash) − τ(full) per set (greedy, mean of seeds; seed spreads in brackets)", "",
+    lines += ["", f"### Gain τ(hyflash) − τ(full) per set ({what}, mean of seeds; seed spreads in brackets)", "",
               "| depth | " + " | ".join(sets) + " |", "|---|" + "---:|" * len(sets)]
     for depth in (1, 2):
         cells = []
@@ -222,13 +218,29 @@ def claims_markdown(results: dict, table: dict, rules: dict, sets: list[str], no
             g, (h, f) = _gain(table, depth, s)
             cells.append("–" if g is None else f"{g:+.3f} [{_spread(h):.3f}, {_spread(f):.3f}]")
         lines.append(f"| d{depth} | " + " | ".join(cells) + " |")
-    lines += ["", "## Greedy τ per kind-depth (mean of seeds, seed range)", "",
+    lines += ["", f"### τ per kind-depth ({what}, mean of seeds, seed range)", "",
               "| kind-depth | seeds | " + " | ".join(sets) + " |", "|---|---:|" + "---:|" * len(sets)]
     for key, cells in table.items():
         n = max(len(c["tau_seeds"]) for c in cells.values())
         row = [f"{cells[s]['tau_mean']:.3f} ({min(cells[s]['tau_seeds']):.2f}–{max(cells[s]['tau_seeds']):.2f})"
                if s in cells else "–" for s in sets]
         lines.append(f"| {key} | {n} | " + " | ".join(row) + " |")
+    return lines
+
+
+def claims_markdown(results: dict, table: dict, rules: dict, sets: list[str], notes: list[str],
+                    sampled: dict | None = None) -> str:
+    """The claims on greedy τ (the verdicts), then the same at T = 1 when the bench sampled (`sampled`: its
+    summary table), the memory rules and notes."""
+    params = results.get("drafter_params") or {}
+    lines = ["# Kinds grid: claims", "", f"Bench: `{results.get('meta', {}).get('command', '?')}`", "",
+             f"Noise rule: {NOISE_RULE}", "", "## Greedy (the verdicts)", "", *_claims_lines(table, sets, "greedy")]
+    if params:
+        counted = {k: v for k, v in params.items() if SEED_NAME.match(k) and k.endswith("-s0")}
+        if counted:
+            lines += ["", "Parameters (seed 0): " + ", ".join(f"{k[:-3]} {v:,}" for k, v in counted.items())]
+    if sampled:
+        lines += ["", f"## {SAMPLED_TITLE}", "", *_claims_lines(sampled, sets, "T = 1")]
     lines += ["", memory_rules_markdown(rules, table, sets)]
     if notes:
         lines += ["", "Notes:", *[f"- {n}" for n in notes]]
@@ -303,18 +315,23 @@ def plot(results: dict, table: dict, path: Path) -> None:
 def write_all(bench: str | Path, out: str | Path | None = None) -> list[Path]:
     results, folder = load_results(bench)
     out = Path(out) if out else folder
-    seeds, rules, sets, notes = greedy_taus(results)
+    seeds, rules, sets, notes = taus(results)
     table = summary(seeds, sets)
+    sampled_seeds, _, sampled_sets, _ = taus(results, SAMPLED)
+    sampled = summary(sampled_seeds, [s for s in sets if s in sampled_sets])
     if not table:
         raise HyflashError(f"no greedy runs of drafters named KIND-dN-sS in {folder / 'results.json'}: nothing to "
                            "summarise (was the bench run with --temperatures 0 and the grid's drafter names?)")
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "summary.json", out / "claims.md", out / "memory_rules.json", out / "memory_rules.md", out / PLOT]
     written[0].write_text(json.dumps(table, indent=1) + "\n")
-    written[1].write_text(claims_markdown(results, table, rules, sets, notes))
+    written[1].write_text(claims_markdown(results, table, rules, sets, notes, sampled))
     written[2].write_text(json.dumps({r: rules[r] for r in MEMORY_RULES if r in rules}, indent=1) + "\n")
     written[3].write_text(memory_rules_markdown(rules, table, sets) + "\n")
     plot(results, table, written[4])
+    if sampled:
+        written.append(out / "summary_t1.json")
+        written[-1].write_text(json.dumps(sampled, indent=1) + "\n")
     return written
 
 
