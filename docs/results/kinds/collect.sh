@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 17: copy what scripts/kinds_grid.sh wrote into OUTDIR to docs/results/kinds/, without weights:
 #   summary.json (summary_t1.json), claims.md, memory_rules.{json,md}, tau_vs_context_by_kind.png,
-#   anchor_context.json and grid-settings.txt here; the bench (results.json, table.md, plots, wall_seconds, bench.log) in grid/bench/;
+#   anchor_context.json and grid-settings.txt here; the bench (results.json, table.md, plots, wall_seconds,
+#   bench.log) in grid/bench/;
 #   every finished run's training log, configs, curves and wall time in grid/runs/NAME/.
 # usage: docs/results/kinds/collect.sh OUTDIR        (e.g. runs/kinds-cpu)
 set -euo pipefail
