@@ -26,9 +26,11 @@
 #
 # Every run has the shipped drafter's copy input (16-token matches) and copy gate; COPY_NGRAM=0 leaves them out.
 #
-# Environment: SCALE (gpu|cpu|tiny, required); STAGE=all|train|bench|summary (default all: the bench needs
-# every selected run finished, and runs on the CPU whatever the scale, so STAGE=bench can follow elsewhere);
-# RUNS="NAME ..." trains only those grid runs (the bench then takes every finished one); DRY_RUN=1 prints the
+# Environment: SCALE (gpu|cpu|tiny, required); STAGE=all|train|bench|summary|each (default all: the bench needs
+# every selected run finished, and runs on the CPU whatever the scale, so STAGE=bench can follow elsewhere;
+# each: run after run, train it and grow the bench by it, so results accrue while the grid goes, the way to run
+# it on a CPU over several sessions); RUNS="NAME ..." trains only those grid runs, in that order (the bench then
+# takes every finished one); DRY_RUN=1 prints the
 # commands and runs nothing; JOBS (trainings at once), MODEL, DATA (relative paths: from the repository root),
 # FEATURE_CACHE, DTYPE (the bench's target dtype, default float32), COPY_NGRAM (default 16), PYTHON.
 set -euo pipefail
@@ -37,9 +39,13 @@ die() { echo "kinds_grid: error: $*" >&2; exit 2; }
 out=$1 scale="${SCALE:-}" stage="${STAGE:-all}" dry="${DRY_RUN:-0}"
 [ -n "$scale" ] || die "set SCALE=gpu, cpu or tiny"
 case "$out" in /*) ;; *) out="$PWD/$out";; esac  # the commands below run from the repository root
+self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"  # STAGE=each runs it again per run
 cd "$(dirname "$0")/.."
 if [ -n "${PYTHON:-}" ]; then py="$PYTHON"; elif [ -x .venv/bin/python ]; then py=.venv/bin/python; else py=python3; fi
-case "$stage" in all|train|bench|summary) ;; *) die "STAGE must be all, train, bench or summary, got '$stage'";; esac
+case "$stage" in
+  all|train|bench|summary|each) ;;
+  *) die "STAGE must be all, train, bench, summary or each, got '$stage'";;
+esac
 
 # ===== BUDGETS: everything that differs between scales is here. All times are ESTIMATES, not measurements. =====
 # steps x batch x anchors is the training budget per run (blocks of 8 = steps * batch * anchors); section 4
@@ -118,8 +124,13 @@ for rule in linear gated delta; do grid+=("hyflash-d1-rule-$rule"); done
 selected=("${grid[@]}")
 if [ -n "${RUNS:-}" ]; then
   for r in $RUNS; do [[ " ${grid[*]} " == *" $r "* ]] || die "RUNS: $r is not a run of the grid (${grid[*]})"; done
-  selected=()
-  for name in "${grid[@]}"; do [[ " $RUNS " == *" $name "* ]] && selected+=("$name"); done
+  read -ra selected <<< "$RUNS"
+fi
+if [ "$stage" = each ]; then  # one run at a time: train it, then the bench grows by it (bench --resume)
+  for name in "${selected[@]}"; do
+    STAGE=train RUNS=$name bash "$self" "$out" && STAGE=bench RUNS=$name bash "$self" "$out" || exit $?
+  done
+  exit 0
 fi
 
 common=(--model "$model" --data $data --max-length $max_length --steps $steps --batch-size $batch

@@ -258,6 +258,18 @@ def test_dry_run_prints_the_whole_grid_and_one_bench(tmp_path):
     assert bad.returncode == 2 and "SCALE must be gpu, cpu or tiny" in bad.stderr
 
 
+def test_each_stage_trains_then_benches_run_after_run_in_the_order_given(tmp_path):
+    done = _script(tmp_path / "g", SCALE="cpu", DRY_RUN="1", STAGE="each", RUNS="hyflash-d1-s1 full-d2-s0")
+    assert done.returncode == 0, done.stderr
+    steps = [("train", re.search(r"--out \S+/runs/(\S+) ", line)[1]) if " train " in line else
+             ("bench", re.findall(r"--drafter (\S+)=", line)) for line in done.stdout.splitlines()
+             if " train " in line or " bench " in line]
+    assert steps == [("train", "hyflash-d1-s1"), ("bench", ["hyflash-d1-s1"]),
+                     ("train", "full-d2-s0"), ("bench", ["full-d2-s0"])]
+    bad = _script(tmp_path / "g", SCALE="cpu", DRY_RUN="1", STAGE="every")
+    assert bad.returncode == 2 and "STAGE must be all, train, bench, summary or each" in bad.stderr
+
+
 def _tiny_model_and_data(folder: Path) -> tuple[Path, Path]:
     """A tiny random Llama with SmolLM2's tokenizer (the bench's sets are text), and target-written data for it:
     its greedy continuations of random prompts, some longer than the drafters' 64-token window."""
