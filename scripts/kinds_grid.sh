@@ -147,6 +147,9 @@ run_args() {  # NAME -> the flags that make this run what its name says
   echo "--kind $kind --num-layers $depth --seed $seed --memory-rule $rule"
 }
 finished() { [ -f "$out/runs/$1/drafter/config.json" ]; }
+add_seconds() {  # FILE START: add the seconds since START to the total in FILE (a run or bench over several calls)
+  echo $(( $(date +%s) - $2 + $(cat "$1" 2>/dev/null || echo 0) )) > "$1"
+}
 show() {  # a command as one line a shell reads back (quoted only where needed)
   local a line="+"
   for a in "$@"; do if [[ "$a" =~ ^[A-Za-z0-9_./:=,@+-]+$ ]]; then line+=" $a"; else line+=" $(printf '%q' "$a")"; fi; done
@@ -180,7 +183,7 @@ train_one() {  # NAME: train (or resume) one run; its output goes to logs/NAME.l
   # shellcheck disable=SC2046
   "$py" -m hyflash.cli train "${common[@]}" $(run_args "$name") --out "$out/runs/$name" --resume \
     >> "$out/logs/$name.log" 2>&1 || rc=$?
-  echo $(( $(date +%s) - start + $(cat "$out/runs/$name/wall_seconds" 2>/dev/null || echo 0) )) > "$out/runs/$name/wall_seconds"
+  add_seconds "$out/runs/$name/wall_seconds" "$start"
   echo "$rc" > "$out/logs/$name.rc"
 }
 
@@ -246,8 +249,7 @@ if [ "$stage" = all ] || [ "$stage" = bench ]; then
     echo "== bench: $(( ${#drafters[@]} / 2 )) drafters and plain decoding ($(date -u +%H:%M:%S) UTC)"
     start=$(date +%s)
     "${bench[@]}" >> "$out/logs/bench.log" 2>&1 || { tail -n 5 "$out/logs/bench.log" >&2; die "the bench failed (see $out/logs/bench.log)"; }
-    # the bench's time over all its calls (each grows it by the runs trained since)
-    echo $(( $(date +%s) - start + $(cat "$out/bench/wall_seconds" 2>/dev/null || echo 0) )) > "$out/bench/wall_seconds"
+    add_seconds "$out/bench/wall_seconds" "$start"  # over all its calls (each grows it by the runs trained since)
     show "${bench[@]}" > "$out/bench/.complete"
   fi
 fi
