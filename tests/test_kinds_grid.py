@@ -163,6 +163,35 @@ def test_verdict_rule_and_claims_table(tmp_path):
     assert "**not measured**" in (tmp_path / "partial" / "claims.md").read_text()
 
 
+def test_benches_of_one_grid_made_apart_are_summarised_as_one(tmp_path):
+    """Depth 1 benched in one session, depth 2 in another: one summary and claim (b) decided across them; a
+    drafter in both benches, other settings, or no --out are refused."""
+    taus = grid_taus(gain_d1=0.4, gain_d2=0.0, spread=0.05)
+    d1 = write_bench(tmp_path / "d1", {m: t for m, t in taus.items() if "-d1-" in m})
+    d2 = write_bench(tmp_path / "d2", {m: t for m, t in taus.items() if "-d2-" in m})
+    summarize.write_all([d1, d2], tmp_path / "out")
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary == json.loads((write_bench_and_summarize(tmp_path / "one", taus) / "summary.json").read_text())
+    claims = (tmp_path / "out" / "claims.md").read_text()
+    assert f"- {d1}:" in claims and f"- {d2}:" in claims
+    b = summarize.claims(summary, SETS)[1]
+    assert b["claim"].startswith("(b)") and b["verdict"] == "supported"
+    with pytest.raises(HyflashError, match="--out"):
+        summarize.write_all([d1, d2])
+    with pytest.raises(HyflashError, match="in both"):
+        summarize.write_all([d1, write_bench(tmp_path / "again", {"full-d1-s0": taus["full-d1-s0"]})], tmp_path / "x")
+    other = json.loads((d2 / "results.json").read_text())
+    other["meta"]["config"] = {"max_new_tokens": 7}
+    (d2 / "results.json").write_text(json.dumps(other))
+    with pytest.raises(HyflashError, match="other settings .*max_new_tokens"):
+        summarize.write_all([d1, d2], tmp_path / "x")
+
+
+def write_bench_and_summarize(folder: Path, taus: dict) -> Path:
+    summarize.write_all(write_bench(folder / "bench", taus), folder)
+    return folder
+
+
 def test_summarizer_refuses_bad_input(tmp_path, capsys):
     with pytest.raises(HyflashError, match="does not exist"):
         summarize.write_all(tmp_path / "nothing")
@@ -331,6 +360,15 @@ def test_tiny_scale_runs_end_to_end_and_resumes(tmp_path):
     assert json.loads((docs / "summary.json").read_text()) == summary and (docs / "grid/bench/results.json").exists()
     assert sorted(p.name for p in (docs / "grid/runs").iterdir()) == ["full-d1-s0", "hyflash-d1-s0"]
     assert not list(docs.rglob("*.safetensors"))
+    # A second bench of the same grid goes beside the first; the same drafters in two benches are refused.
+    def collect(*args):
+        return subprocess.run(["bash", str(COLLECT), str(out), *args], env={**os.environ, "DEST": str(docs)},
+                              capture_output=True, text=True, timeout=30)
+
+    again = collect("bench-2")
+    assert again.returncode == 2 and "in both" in again.stderr and (docs / "grid/bench/results.json").exists()
+    assert sorted(p.name for p in (docs / "grid").iterdir()) == ["bench", "runs"]  # nothing left of the refused one
+    assert collect("other").returncode == 2
     # Other settings in the same OUTDIR are refused.
     other = _script(out, **{**env, "FEATURE_CACHE": str(tmp_path / "fc")})
     assert other.returncode == 2 and "other settings" in other.stderr

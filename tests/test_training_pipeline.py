@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -216,6 +217,35 @@ def test_new_settings_are_train_flags():
     assert config.init_from_target and config.slot_weights == "survival"
     plain = _from_args(TrainConfig, parser.parse_args(["train", "--data", "d"]), data=["d"])
     assert not plain.init_from_target and plain.slot_weights == "exp"
+    assert plain.autocast is None  # measured at the start of the run
+    for flag, value in (("--autocast", True), ("--no-autocast", False)):
+        assert _from_args(TrainConfig, parser.parse_args(["train", "--data", "d", flag]), data=["d"]).autocast is value
+
+
+@pytest.mark.parametrize("pays", [True, False])
+def test_autocast_left_open_is_decided_by_this_machine_and_recorded(llama_target, tmp_path, monkeypatch, pays):
+    """autocast=None: the run measures whether bf16 pays here, uses that, and records it (config and checkpoint
+    fingerprint), so a resume on a machine that decides otherwise is refused, not silently mixed."""
+    from hyflash.training import train as train_module
+
+    used = []
+    real_autocast = torch.autocast
+    monkeypatch.setattr(train_module, "bf16_autocast_pays", lambda device: pays)
+
+    def autocast(*args, **kwargs):  # the training step's (the memory scan switches autocast off inside it)
+        if kwargs.get("dtype") is torch.bfloat16:
+            used.append(kwargs["enabled"])
+        return real_autocast(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "autocast", autocast)
+    _tiny_data(llama_target, tmp_path / "d")
+    config = _small_run(tmp_path / "d", tmp_path / "run", autocast=None, steps=2)
+    train_module.train(config, progress=False, target=llama_target)
+    assert json.loads((tmp_path / "run" / "train_config.json").read_text())["autocast"] is pays
+    assert used and set(used) == {pays}
+    monkeypatch.setattr(train_module, "bf16_autocast_pays", lambda device: not pays)
+    with pytest.raises(HyflashError, match="autocast"):
+        train_module.train(replace(config, steps=3), resume=True, progress=False, target=llama_target)
 
 
 def _small_run(data_folder: Path, out: Path, **overrides) -> TrainConfig:
@@ -567,3 +597,36 @@ def test_heldout_prompts_depend_on_the_eval_seed_not_the_training_seed():
     assert len(base) == 3
     assert _heldout_prompts(fake, TrainConfig(seed=7, eval_prompts=3)) == base
     assert _heldout_prompts(fake, TrainConfig(seed=0, eval_prompts=3, eval_seed=2)) != base
+
+
+def test_features_computed_in_float32_are_filed_for_the_bfloat16_run(tmp_path, monkeypatch):
+    """--feature-compute-dtype float32 (a bf16 run on a CPU without native bf16): the features come from the
+    float32 model, are cast to bf16 and cached under the bf16 target's own key, so the cache is one for both."""
+    from conftest import tiny_llama
+
+    from hyflash.targets import Target
+    from hyflash.training import train as train_module
+    from hyflash.training.features import FeatureCache, batch_features
+
+    fp32 = Target(tiny_llama(), name="tiny-llama")
+    bf16 = Target(tiny_llama().to(torch.bfloat16), name="tiny-llama")
+    loaded = []
+    monkeypatch.setattr(Target, "load", classmethod(lambda cls, model, dtype: loaded.append(dtype) or fp32))
+    data, _ = _cropped_data(bf16, tmp_path / "d")
+    config = TrainConfig(model="tiny", dtype="bfloat16", feature_compute_dtype="float32")
+    source = train_module.feature_source(config, bf16, data)
+    assert source is fp32 and loaded == ["float32"]
+    same = TrainConfig(dtype="bfloat16", feature_compute_dtype="bfloat16")
+    assert train_module.feature_source(same, bf16, data) is None
+
+    cache = FeatureCache(tmp_path / "fc", source, bf16.dtype)  # as train() opens it
+    assert cache.folder == FeatureCache(tmp_path / "fc", bf16).folder
+    batch = make_batch(data, [0, 1], num_anchors=4, block_size=4, max_length=32, seed=0, epoch=0)
+    got, _ = batch_features(bf16, batch, data, cache, source=source)
+    own, _ = batch_features(bf16, batch, data, None)
+    assert got.dtype == torch.bfloat16 and cache.has(data.keys[0]) and cache.has(data.keys[1])
+    torch.testing.assert_close(got.float(), own.float(), atol=0.1, rtol=0.05)  # bf16 rounding, not other numbers
+    exact, _ = batch_features(fp32, batch, data, None)
+    torch.testing.assert_close(got.float(), exact.to(torch.bfloat16).float())  # fp32's numbers, in bf16
+    with pytest.raises(HyflashError, match="feature_compute_dtype"):
+        TrainConfig(feature_compute_dtype="int8")

@@ -270,6 +270,14 @@ RECORD_SETTINGS = ("model", "backend", "target_options", "dtype", "adaptive", "k
                    "max_new_tokens", "temperatures", "seed", "pld_tokens", "ngram_block")
 
 
+def settings_differ(meta: dict, other: dict) -> list[str]:
+    """The settings (RECORD_SETTINGS, and the target) in which two benches' meta differ: none, and their records
+    can stand side by side (a bench resumed, or benches of one grid made in several sessions)."""
+    config, other_config = meta.get("config") or {}, other.get("config") or {}
+    differ = [k for k in RECORD_SETTINGS if json.dumps(config.get(k)) != json.dumps(other_config.get(k))]
+    return differ + (["target"] if meta.get("target") != other.get("target") else [])
+
+
 def _resumable_records(out_dir: Path, meta: dict, methods: set[str], log) -> dict[tuple, dict]:
     """(temperature, set, item_id, method) -> the record out_dir/results.json holds for it, for every method that
     runs now with the same identity (a drafter with other weights is measured again)."""
@@ -282,9 +290,7 @@ def _resumable_records(out_dir: Path, meta: dict, methods: set[str], log) -> dic
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise HyflashError(f"--resume: {path} cannot be read ({exc}); "
                            "rerun without --resume or use another --out") from exc
-    differ = [k for k in RECORD_SETTINGS if json.dumps(old_meta["config"].get(k)) != json.dumps(meta["config"][k])]
-    if old_meta.get("target") != meta["target"]:
-        differ.append("target")
+    differ = settings_differ(old_meta, meta)
     if differ:
         raise HyflashError(f"--resume: {path} was measured with other settings ({', '.join(differ)}); "
                            "run with the same ones, or use another --out")

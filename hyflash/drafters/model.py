@@ -92,7 +92,10 @@ class DrafterModel(nn.Module):
         if self.int8_head is not None:
             return self.int8_head(hidden.float())
         w = self._head_weight()
-        return F.linear(hidden.to(w), w).float()
+        # One [rows, H] x [H, V] product. A non-contiguous batch (training's slots 1.., sliced) would otherwise go
+        # to a batched product with the weight broadcast per anchor: 6x slower on a CPU, forward and backward.
+        flat = hidden.reshape(-1, hidden.shape[-1]).to(w)
+        return F.linear(flat, w).float().view(*hidden.shape[:-1], w.shape[0])
 
     def quantize_int8(self) -> "DrafterModel":
         """Dynamic int8 weights (fbgemm) for CPU inference: drafting is bound by reading weights, and the head

@@ -20,7 +20,7 @@ def _add_dataclass_args(p: argparse.ArgumentParser, cls, skip: tuple[str, ...] =
         default = f.default if f.default is not MISSING else None
         kind = f.type if isinstance(f.type, type) else str(f.type)
         text = helps.get(f.name, "") + f" (default: {default})"
-        if kind in ("bool", bool):
+        if kind in ("bool", bool, "bool | None"):  # None: the default decides (see the field's comment)
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
         elif kind in ("int", int):
             p.add_argument(flag, type=int, default=None, help=text)

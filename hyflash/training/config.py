@@ -8,7 +8,8 @@ from hyflash.errors import HyflashError
 
 # Fields that do not change what is computed: they may differ between a run and its resumption.
 BOOKKEEPING = ("out", "save_every", "keep_checkpoints", "log_every", "eval_every", "eval_prompts",
-               "eval_new_tokens", "eval_at", "eval_seed", "threads", "feature_cache", "plot")
+               "eval_new_tokens", "eval_at", "eval_seed", "threads", "feature_cache", "feature_compute_dtype",
+               "plot")
 
 
 @dataclass
@@ -44,7 +45,9 @@ class TrainConfig:
     loss: str = "ce"  # ce: position-weighted cross-entropy | kl: KL to the target's distribution
     gamma: float = 4.0  # slot weights exp(-(k-1)/gamma); DFlash uses 7 for B=16
     slot_weights: str = "exp"  # exp: exp(-(k-1)/gamma) | survival: running estimate of P(block survives to k)
-    autocast: bool = True  # bf16 autocast for the drafter's forward/backward (fp32 master weights)
+    # bf16 autocast for the drafter's forward/backward (fp32 master weights). None: where bf16 is fast, on a GPU
+    # or a CPU whose bf16 matrix products beat float32's (AMX), measured at the start (`bf16_autocast_pays`).
+    autocast: bool | None = None
     seed: int = 0
     # ----- acceptance-aware on-policy term (hyflash/training/onpolicy.py); weight 0 = off -----
     onpolicy_weight: float = 0.0  # loss = CE (or KL) + weight * REOPOLD policy-gradient on sampled drafts
@@ -56,6 +59,10 @@ class TrainConfig:
     # ----- where the features come from -----
     feature_backend: str = "transformers"  # transformers | llama.cpp: the backend the drafter will run on
     feature_gguf: str = ""  # with llama.cpp: the .gguf whose features to train on ("" = the model's own file)
+    # Compute the features with the target loaded in this dtype, then cast them to `dtype` ("" = `dtype` itself).
+    # float32 for a bfloat16 run on a CPU without native bf16 (AVX2 only): 5x faster there. Bookkeeping, not
+    # recipe: the cache files both under `dtype`'s key, as `hyflash data --feature-dtype` does.
+    feature_compute_dtype: str = ""
     # ----- bookkeeping -----
     feature_cache: str = ""  # folder to cache target features in; "" = compute them every step
     save_every: int = 50
@@ -92,6 +99,11 @@ class TrainConfig:
         need(self.feature_backend == "transformers" or self.loss == "ce",
              "--loss kl needs the target's logits at every slot, which training computes with the transformers "
              "backend only: use --loss ce with --feature-backend llama.cpp")
+        need(self.feature_compute_dtype in ("", "float32", "bfloat16", "float16"),
+             f"feature_compute_dtype must be float32, bfloat16 or float16, got {self.feature_compute_dtype!r}")
+        need(not self.feature_compute_dtype or (self.feature_backend == "transformers" and self.loss == "ce"),
+             "--feature-compute-dtype is for the transformers backend's features with --loss ce (--loss kl takes "
+             "the target's logits from its own pass)")
         need(not self.feature_gguf or self.feature_backend == "llama.cpp",
              "--feature-gguf is a llama.cpp file: add --feature-backend llama.cpp")
         need(self.copy_ngram >= 0, f"copy_ngram must be >= 0, got {self.copy_ngram}")

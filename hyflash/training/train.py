@@ -18,7 +18,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -150,10 +150,15 @@ def make_optimizer(params: list[torch.Tensor], config: TrainConfig):
 
 
 def feature_source(config: TrainConfig, target, dataset: TokenDataset):
-    """The llama.cpp target whose features the drafter trains on (--feature-backend llama.cpp), or None (the
-    transformers target's own). Its context fits the longest sequence: features come from whole sequences."""
+    """The target whose features the drafter trains on, when it is not `target` itself (None): the llama.cpp
+    target (--feature-backend llama.cpp), whose context fits the longest sequence, since features come from
+    whole sequences; or the transformers target in --feature-compute-dtype."""
     if config.feature_backend != "llama.cpp":
-        return None
+        if config.feature_compute_dtype in ("", config.dtype):
+            return None
+        from hyflash.targets import Target
+
+        return Target.load(config.model, dtype=config.feature_compute_dtype)
     from hyflash.targets.llamacpp import LlamaCppTarget
 
     longest = max(len(s) for s in dataset.sequences)
@@ -198,6 +203,25 @@ def onpolicy_generator(config: TrainConfig, step: int, rank: int, device: torch.
     return torch.Generator(device=device).manual_seed(config.seed * 1_000_003 + step * 64 + rank)
 
 
+def bf16_autocast_pays(device: torch.device) -> bool:
+    """Whether bf16 autocast speeds training up here: on a GPU, yes; on a CPU, if a bf16 matrix product of a
+    training step's size beats float32's. With AMX it does; AVX2 CPUs emulate bf16, and there autocast made a
+    drafter's step 7x slower (AMD EPYC, docs/training.md)."""
+    if device.type != "cpu":
+        return True
+    a, b = torch.randn(2048, 576), torch.randn(576, 1536)
+
+    def best(x, y) -> float:
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            x @ y
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    return best(a.bfloat16(), b.bfloat16()) < best(a, b)
+
+
 def train(config: TrainConfig, resume: bool = False, progress: bool = True, target=None) -> Path:
     """Run (or resume) a training run; returns the folder of the exported drafter."""
     rank, world, local_rank = _dist_info()
@@ -222,6 +246,10 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True, targ
         target.model.to(f"cuda:{local_rank}")
     if dataset.target and {k: dataset.target[k] for k in target.signature()} != target.signature():
         raise HyflashError(f"the data in {config.data[0]} was written by another target ({dataset.target['name']})")
+    if config.autocast is None:  # decided before the fingerprint: a checkpoint records what the run did
+        config = replace(config, autocast=bf16_autocast_pays(target.device))
+        if rank == 0:
+            print(f"bf16 autocast {'on' if config.autocast else 'off: bf16 is slower than float32 here'}", flush=True)
     model = build_drafter(config, target, dataset).to(target.device)
     if model.config.copy_ngram and (config.loss != "ce" or config.onpolicy_weight > 0):
         raise HyflashError("the --init drafter has a copy input: train it with --loss ce and no on-policy term")
@@ -252,7 +280,8 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True, targ
                                                       "data": dataset.stats()})
     source = feature_source(config, target, dataset)
     cache = None
-    if config.feature_cache:  # a llama.cpp source's features are filed under its own key, in the training dtype
+    # Filed in the training dtype: a llama.cpp source's under its own key, another dtype's under the target's.
+    if config.feature_cache:
         cache = FeatureCache(Path(config.feature_cache), source or target, None if source is None else target.dtype)
     batches = training_batches(dataset, config.steps, config.batch_size, config.anchors, config.block_size,
                                config.max_length, config.seed, start=start_step, rank=rank, world=world)

@@ -1,11 +1,12 @@
 """Summary, claims table, plot and memory-rule table of the kinds grid (scripts/kinds_grid.sh, issue 17).
 
-usage: python docs/results/kinds/summarize.py BENCH [--out DIR]
+usage: python docs/results/kinds/summarize.py BENCH [BENCH ...] [--out DIR]
 
 BENCH is a `hyflash bench` folder (or its results.json) whose trained drafters are named
 KIND-dDEPTH-sSEED (e.g. hyflash-d1-s0, full-d2-s1) and KIND-dDEPTH-rule-RULE (e.g. hyflash-d1-rule-delta);
-other methods (plain, ngram, drafters named otherwise, tree variants NAME@tN) are not used. Writes into DIR
-(default: the folder of results.json):
+other methods (plain, ngram, drafters named otherwise, tree variants NAME@tN) are not used. Several BENCHes
+(one grid benched over several sessions or machines) are read as one: their settings must agree, and each
+drafter must be in one of them. Writes into DIR (default: the folder of a single BENCH's results.json):
 
   summary.json          {kind-depth: {set: {"tau_mean": m, "tau_seeds": [t0, t1, ...]}}}: greedy tau per prompt,
                         averaged over the prompts of a set for each seed (tau_seeds, in seed order), then over
@@ -30,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # run from a checkout without installing
 
+from hyflash.bench.run import settings_differ  # noqa: E402
 from hyflash.drafters.config import KINDS, MEMORY_RULES  # noqa: E402
 from hyflash.errors import HyflashError  # noqa: E402
 
@@ -63,6 +65,33 @@ def load_results(path: str | Path) -> tuple[dict, Path]:
     if not isinstance(results, dict) or not isinstance(results.get("runs"), list):
         raise HyflashError(f"{file} is not a `hyflash bench` results.json (no list of runs)")
     return results, file.parent
+
+
+def merge_results(benches: list[tuple[dict, Path]]) -> dict:
+    """One results dict from several benches of the same settings: their records side by side, their drafters
+    united. τ does not depend on the machine (the timings in the records do; nothing here reads them)."""
+    if len(benches) == 1:
+        return benches[0][0]
+    (first, first_folder), merged_runs, drafters, owner = benches[0], [], {}, {}
+    for results, folder in benches:
+        meta = results.get("meta") or {}
+        differ = settings_differ(first.get("meta") or {}, meta)
+        if differ:
+            raise HyflashError(f"{folder} was benched with other settings than {first_folder} ({', '.join(differ)}): "
+                               "its τ cannot stand beside theirs; bench the drafters again with the same settings")
+        for method in {r.get("method") for r in results["runs"]} - {"plain"}:
+            if method in owner:
+                raise HyflashError(f"{method} is in both {owner[method]} and {folder}: keep it in one bench")
+            owner[method] = folder
+        merged_runs += [r for r in results["runs"] if r.get("method") != "plain" or results is first]
+        drafters.update(meta.get("drafters") or {})
+    def united(key: str) -> dict:
+        return {k: v for results, _ in benches for k, v in (results.get(key) or {}).items()}
+
+    meta = {**(first.get("meta") or {}), "drafters": drafters,
+            "benches": [{"folder": str(f), "command": (r.get("meta") or {}).get("command", "?")} for r, f in benches]}
+    return {**first, "meta": meta, "runs": merged_runs, "errors": united("errors"),
+            "drafter_params": united("drafter_params")}
 
 
 def _check_identity(name: str, kind: str, depth: int, rule: str | None, drafters: dict) -> None:
@@ -233,7 +262,10 @@ def claims_markdown(results: dict, table: dict, rules: dict, sets: list[str], no
     """The claims on greedy τ (the verdicts), then the same at T = 1 when the bench sampled (`sampled`: its
     summary table), the memory rules and notes."""
     params = results.get("drafter_params") or {}
-    lines = ["# Kinds grid: claims", "", f"Bench: `{results.get('meta', {}).get('command', '?')}`", "",
+    meta = results.get("meta", {})
+    benches = [f"- {b['folder']}: `{b['command']}`" for b in meta.get("benches", [])]
+    source = ["Benches:", *benches] if benches else [f"Bench: `{meta.get('command', '?')}`"]
+    lines = ["# Kinds grid: claims", "", *source, "",
              f"Noise rule: {NOISE_RULE}", "", "## Greedy (the verdicts)", "", *_claims_lines(table, sets, "greedy")]
     if params:
         counted = {k: v for k, v in params.items() if SEED_NAME.match(k) and k.endswith("-s0")}
@@ -312,8 +344,11 @@ def plot(results: dict, table: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write_all(bench: str | Path, out: str | Path | None = None) -> list[Path]:
-    results, folder = load_results(bench)
+def write_all(bench: str | Path | list, out: str | Path | None = None) -> list[Path]:
+    benches = [load_results(b) for b in (bench if isinstance(bench, list) else [bench])]
+    if out is None and len(benches) > 1:
+        raise HyflashError("several benches: give the folder for the outputs (--out DIR)")
+    results, folder = merge_results(benches), benches[0][1]
     out = Path(out) if out else folder
     seeds, rules, sets, notes = taus(results)
     table = summary(seeds, sets)
@@ -337,7 +372,7 @@ def write_all(bench: str | Path, out: str | Path | None = None) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("bench", help="a `hyflash bench` folder or its results.json")
+    p.add_argument("bench", nargs="+", help="`hyflash bench` folders (or their results.json) of one grid")
     p.add_argument("--out", help="folder for the outputs (default: the bench folder)")
     args = p.parse_args(argv)
     try:
