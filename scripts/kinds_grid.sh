@@ -34,7 +34,9 @@
 # commands and runs nothing; JOBS (trainings at once), MODEL, DATA (relative paths: from the repository root),
 # FEATURE_CACHE, DTYPE (the bench's target dtype, default float32), COPY_NGRAM (default 16), PYTHON,
 # FEATURE_COMPUTE_DTYPE (float32 on a CPU without native bf16: the training's bf16 features computed 5x faster
-# in float32 and cached as bf16; not a setting of the recipe, so a grid may change it between calls).
+# in float32 and cached as bf16; not a setting of the recipe, so a grid may change it between calls), AUTOCAST
+# (on|off: bf16 autocast for every run; by default each run measures whether it pays on its machine, and a run
+# resumed on a machine that decides otherwise is refused, so pin it for a grid that moves between machines).
 set -euo pipefail
 die() { echo "kinds_grid: error: $*" >&2; exit 2; }
 [ $# -eq 1 ] || die "usage: SCALE=gpu|cpu|tiny scripts/kinds_grid.sh OUTDIR"
@@ -109,6 +111,11 @@ max_length=4096 block=8 window=64 chunk=16 vocab=8192 gamma=4
 copy_ngram="${COPY_NGRAM:-16}"
 [[ "$copy_ngram" =~ ^([0-9]|1[0-6])$ ]] || die "COPY_NGRAM must be 0..16 (0 = no copy input), got '$copy_ngram'"
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || die "JOBS must be a whole number >= 1, got '$jobs'"
+case "${AUTOCAST:-}" in
+  on) run_flags=(--autocast);; off) run_flags=(--no-autocast);; "") run_flags=();;
+  *) die "AUTOCAST must be on or off (or unset: each run decides), got '$AUTOCAST'";;
+esac
+[ -z "${FEATURE_COMPUTE_DTYPE:-}" ] || run_flags+=(--feature-compute-dtype "$FEATURE_COMPUTE_DTYPE")
 for d in $data; do [ "$dry" = 1 ] || [ -f "$d/manifest.json" ] || die "$d is not a data folder (no manifest.json)"; done
 
 # ===== the grid, in training order =====
@@ -184,7 +191,7 @@ train_one() {  # NAME: train (or resume) one run; its output goes to logs/NAME.l
   mkdir -p "$out/runs/$name"
   # shellcheck disable=SC2046
   "$py" -m hyflash.cli train "${common[@]}" $(run_args "$name") --out "$out/runs/$name" --resume \
-    ${FEATURE_COMPUTE_DTYPE:+--feature-compute-dtype "$FEATURE_COMPUTE_DTYPE"} >> "$out/logs/$name.log" 2>&1 || rc=$?
+    ${run_flags[@]+"${run_flags[@]}"} >> "$out/logs/$name.log" 2>&1 || rc=$?
   add_seconds "$out/runs/$name/wall_seconds" "$start"
   echo "$rc" > "$out/logs/$name.rc"
 }
@@ -202,7 +209,7 @@ if [ "$stage" = all ] || [ "$stage" = train ]; then
     for name in "${todo[@]}"; do
       # shellcheck disable=SC2046
       show "$py" -m hyflash.cli train "${common[@]}" $(run_args "$name") --out "$out/runs/$name" --resume \
-        ${FEATURE_COMPUTE_DTYPE:+--feature-compute-dtype "$FEATURE_COMPUTE_DTYPE"}
+        ${run_flags[@]+"${run_flags[@]}"}
     done
   elif [ ${#todo[@]} -gt 0 ]; then
     # A built-in target is converted to cached safetensors on first use: do it once, before parallel jobs race.

@@ -283,6 +283,11 @@ def test_dry_run_prints_the_whole_grid_and_one_bench(tmp_path):
     plain = _script(tmp_path / "g", SCALE="gpu", DRY_RUN="1", COPY_NGRAM="0")
     assert plain.returncode == 0 and " train " in plain.stdout and "--copy" not in plain.stdout
     assert _script(tmp_path / "g", SCALE="gpu", DRY_RUN="1", COPY_NGRAM="17").returncode == 2
+    # Pinned autocast and float32 feature passes reach every run (a grid that moves between machines).
+    pinned = _script(tmp_path / "g", SCALE="cpu", DRY_RUN="1", AUTOCAST="off", FEATURE_COMPUTE_DTYPE="float32")
+    runs = [line for line in pinned.stdout.splitlines() if " train " in line]
+    assert len(runs) == len(expected) and all(x.endswith("--no-autocast --feature-compute-dtype float32") for x in runs)
+    assert _script(tmp_path / "g", SCALE="cpu", DRY_RUN="1", AUTOCAST="maybe").returncode == 2
     bad = _script(tmp_path / "g", SCALE="huge")
     assert bad.returncode == 2 and "SCALE must be gpu, cpu or tiny" in bad.stderr
 

@@ -60,7 +60,7 @@ class TrainConfig:
     feature_backend: str = "transformers"  # transformers | llama.cpp: the backend the drafter will run on
     feature_gguf: str = ""  # with llama.cpp: the .gguf whose features to train on ("" = the model's own file)
     # Compute the features with the target loaded in this dtype, then cast them to `dtype` ("" = `dtype` itself).
-    # float32 for a bfloat16 run on a CPU without native bf16 (AVX2 only): 5x faster there. Bookkeeping, not
+    # float32 for a bfloat16 run on a CPU without native bf16 (AVX2 only): 6x faster there. Bookkeeping, not
     # recipe: the cache files both under `dtype`'s key, as `hyflash data --feature-dtype` does.
     feature_compute_dtype: str = ""
     # ----- bookkeeping -----

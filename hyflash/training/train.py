@@ -158,7 +158,9 @@ def feature_source(config: TrainConfig, target, dataset: TokenDataset):
             return None
         from hyflash.targets import Target
 
-        return Target.load(config.model, dtype=config.feature_compute_dtype)
+        source = Target.load(config.model, dtype=config.feature_compute_dtype)
+        source.model.to(target.device)
+        return source
     from hyflash.targets.llamacpp import LlamaCppTarget
 
     longest = max(len(s) for s in dataset.sequences)
@@ -206,7 +208,7 @@ def onpolicy_generator(config: TrainConfig, step: int, rank: int, device: torch.
 def bf16_autocast_pays(device: torch.device) -> bool:
     """Whether bf16 autocast speeds training up here: on a GPU, yes; on a CPU, if a bf16 matrix product of a
     training step's size beats float32's. With AMX it does; AVX2 CPUs emulate bf16, and there autocast made a
-    drafter's step 7x slower (AMD EPYC, docs/training.md)."""
+    drafter's step 15-21x slower (AMD EPYC, docs/results/training-speed/epyc-avx2)."""
     if device.type != "cpu":
         return True
     a, b = torch.randn(2048, 576), torch.randn(576, 1536)
