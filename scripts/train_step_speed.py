@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import tempfile
@@ -27,16 +26,10 @@ GRID_DATA = ["data/smollm2-135m/train-v2", "data/smollm2-135m/long-v1", "data/sm
 SETTINGS = {"on": True, "off": False, "auto": None}
 
 
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
 def main(argv: list[str] | None = None) -> int:
     import torch
 
+    from hyflash.bench.run import machine_info
     from hyflash.errors import HyflashError
     from hyflash.files import atomic_write_json
     from hyflash.targets import Target
@@ -98,8 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"cpu": cpu_name(), "threads": args.threads, "torch": torch.__version__, "kind": args.kind,
-            "num_layers": args.num_layers, "steps": args.steps, "feature_pass_seconds": feature_pass,
+    machine = machine_info()
+    meta = {"cpu": machine["cpu_model"], "machine": machine, "threads": args.threads, "torch": torch.__version__,
+            "kind": args.kind, "num_layers": args.num_layers, "steps": args.steps, "feature_pass_seconds": feature_pass,
             "bf16_autocast_pays": bf16_autocast_pays(torch.device("cpu")),
             "command": " ".join(["python", "scripts/train_step_speed.py", *(argv or sys.argv[1:])])}
     atomic_write_json(out / "results.json", {"meta": meta, "rows": rows})

@@ -630,3 +630,16 @@ def test_features_computed_in_float32_are_filed_for_the_bfloat16_run(tmp_path, m
     torch.testing.assert_close(got.float(), exact.to(torch.bfloat16).float())  # fp32's numbers, in bf16
     with pytest.raises(HyflashError, match="feature_compute_dtype"):
         TrainConfig(feature_compute_dtype="int8")
+
+
+def test_train_step_speed_refuses_bad_settings_before_loading_anything(tmp_path, capsys):
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "train_step_speed.py"
+    spec = importlib.util.spec_from_file_location("train_step_speed", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--out", str(tmp_path), "--settings", "on,maybe"]) == 2
+    assert "--settings takes on, off and auto" in capsys.readouterr().err
+    assert script.main(["--out", str(tmp_path), "--steps", "1"]) == 2
+    assert "--steps must be >= 2" in capsys.readouterr().err and not list(tmp_path.iterdir())
