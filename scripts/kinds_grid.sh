@@ -33,7 +33,7 @@
 # takes every finished one); DRY_RUN=1 prints the
 # commands and runs nothing; JOBS (trainings at once), MODEL, DATA (relative paths: from the repository root),
 # FEATURE_CACHE, DTYPE (the bench's target dtype, default float32), COPY_NGRAM (default 16), PYTHON,
-# FEATURE_COMPUTE_DTYPE (float32 on a CPU without native bf16: the training's bf16 features computed 5x faster
+# FEATURE_COMPUTE_DTYPE (float32 on a CPU without native bf16: the training's bf16 features computed 6x faster
 # in float32 and cached as bf16; not a setting of the recipe, so a grid may change it between calls), AUTOCAST
 # (on|off: bf16 autocast for every run; by default each run measures whether it pays on its machine, and a run
 # resumed on a machine that decides otherwise is refused, so pin it for a grid that moves between machines).

@@ -18,6 +18,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
@@ -65,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         source = feature_source(base, target, dataset)
         cache = FeatureCache(Path(args.feature_cache), source, target.dtype)
         feature_pass = {}
-        for step, _, batch in training_batches(dataset, args.steps, 8, 64, 8, 4096, base.seed):
+        for step, _, batch in training_batches(dataset, base.steps, base.batch_size, base.anchors, base.block_size,
+                                               base.max_length, base.seed):
             if step == 0:  # the same whole sequences through each dtype's target, uncached
                 for name, model in (("bfloat16", target), ("float32", source)):
                     start = time.perf_counter()
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for name in settings:
             with tempfile.TemporaryDirectory() as tmp:
-                config = TrainConfig(**{**base.__dict__, "autocast": SETTINGS[name], "out": tmp})
+                config = replace(base, autocast=SETTINGS[name], out=tmp)
                 train(config, progress=False, target=target)
                 log = [json.loads(x) for x in (Path(tmp) / "log.jsonl").read_text().splitlines()]
                 used = json.loads((Path(tmp) / "train_config.json").read_text())["autocast"]

@@ -85,6 +85,7 @@ def merge_results(benches: list[tuple[dict, Path]]) -> dict:
             owner[method] = folder
         merged_runs += [r for r in results["runs"] if r.get("method") != "plain" or results is first]
         drafters.update(meta.get("drafters") or {})
+
     def united(key: str) -> dict:
         return {k: v for results, _ in benches for k, v in (results.get(key) or {}).items()}
 
