@@ -601,7 +601,9 @@ def test_heldout_prompts_depend_on_the_eval_seed_not_the_training_seed():
 
 def test_features_computed_in_float32_are_filed_for_the_bfloat16_run(tmp_path, monkeypatch):
     """--feature-compute-dtype float32 (a bf16 run on a CPU without native bf16): the features come from the
-    float32 model, are cast to bf16 and cached under the bf16 target's own key, so the cache is one for both."""
+    float32 model, are cast to bf16 and cached under the bf16 target's own key, so the cache is one for both.
+    Like the bf16 target's own pass, it reads whole sequences longer than the model's context (long-v1 holds
+    8,207-token ones for an 8,192-token SmolLM2; a prefill refused them)."""
     from conftest import tiny_llama
 
     from hyflash.targets import Target
@@ -610,6 +612,7 @@ def test_features_computed_in_float32_are_filed_for_the_bfloat16_run(tmp_path, m
 
     fp32 = Target(tiny_llama(), name="tiny-llama")
     bf16 = Target(tiny_llama().to(torch.bfloat16), name="tiny-llama")
+    fp32.max_context = bf16.max_context = 32  # sequence 0 has 40 tokens
     loaded = []
     monkeypatch.setattr(Target, "load", classmethod(lambda cls, model, dtype: loaded.append(dtype) or fp32))
     data, _ = _cropped_data(bf16, tmp_path / "d")
@@ -627,7 +630,7 @@ def test_features_computed_in_float32_are_filed_for_the_bfloat16_run(tmp_path, m
     assert got.dtype == torch.bfloat16 and cache.has(data.keys[0]) and cache.has(data.keys[1])
     torch.testing.assert_close(got.float(), own.float(), atol=0.1, rtol=0.05)  # bf16 rounding, not other numbers
     exact, _ = batch_features(fp32, batch, data, None)
-    torch.testing.assert_close(got.float(), exact.to(torch.bfloat16).float())  # fp32's numbers, in bf16
+    assert torch.equal(got, exact.to(torch.bfloat16))  # fp32's numbers, in bf16
     with pytest.raises(HyflashError, match="feature_compute_dtype"):
         TrainConfig(feature_compute_dtype="int8")
 

@@ -138,8 +138,10 @@ def batch_features(target, batch, dataset, cache: FeatureCache | None, want_logi
     """Features [b, T, nF, H] for a Batch (on the target's device) and, with want_logits, the target's logits
     at every block slot [b, A, S-1, V'] over vocab_ids (see `slot_positions`).
 
-    `source`: another backend's target that computes the features instead (a llama.cpp target: one prefill
-    per sequence, cast to the training target's dtype), for a drafter meant to run on that backend.
+    `source`: another target that computes the features instead, cast to the training target's dtype: a
+    llama.cpp target (one prefill per sequence), for a drafter meant to run on that backend, or the
+    transformers target in another dtype (--feature-compute-dtype), which runs the same whole-sequence pass
+    as `target` would: a prefill would refuse sequences longer than the model's context, which data may hold.
 
     Each sequence's features are those of its whole sequence, cropped like its tokens: read from the cache
     where present, else computed on the whole sequence (and then cached). Computing them on the cropped
@@ -155,11 +157,12 @@ def batch_features(target, batch, dataset, cache: FeatureCache | None, want_logi
     missing = [j for j in range(b) if whole[j] is None]
     seqs = [torch.from_numpy(np.asarray(dataset[batch.indices[j]][0], dtype=np.int64)) for j in missing]
     logits = None
-    if missing and source is not None:
+    computer = target if source is None else source
+    if missing and computer.backend != "transformers":
         if want_logits:
             raise HyflashError("target logits for training come from the transformers backend only")
         for j, seq in zip(missing, seqs):
-            whole[j] = source.prefill(seq, features=True).features.to(target.dtype)
+            whole[j] = computer.prefill(seq, features=True).features.to(target.dtype)
     elif missing:
         full_lengths = torch.tensor([len(s) for s in seqs])
         tokens = torch.zeros(len(seqs), int(full_lengths.max()), dtype=torch.long)
@@ -169,9 +172,9 @@ def batch_features(target, batch, dataset, cache: FeatureCache | None, want_logi
         if want_logits:  # slot positions in the batch's cropped coordinates, shifted to the whole sequence's
             shift = torch.tensor([offsets[j] for j in missing])[:, None, None]
             positions = slot_positions(batch.anchors[missing], batch.labels.shape[-1]) + shift
-        feats, logits = teacher_features(target, tokens, full_lengths, positions, vocab_ids)
+        feats, logits = teacher_features(computer, tokens, full_lengths, positions, vocab_ids)
         for k, j in enumerate(missing):
-            whole[j] = feats[k, : len(seqs[k])]
+            whole[j] = feats[k, : len(seqs[k])].to(target.dtype)
     if cache is not None:
         for j in missing:
             key = dataset.keys[batch.indices[j]]
