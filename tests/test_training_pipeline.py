@@ -550,6 +550,33 @@ def test_kl_targets_are_the_distribution_that_predicts_each_slot_label(llama_tar
     torch.testing.assert_close(draft, logits[..., vocab], atol=1e-5, rtol=1e-5)
 
 
+def test_length_groups_bound_the_padding_of_each_pass():
+    from hyflash.training.features import length_groups
+
+    assert length_groups([500, 8207, 450, 400]) == [[1], [0, 2, 3]]  # the 8k sequence alone, not padded to
+    assert length_groups([32, 32, 32]) == [[0, 1, 2]]
+    lengths = [int(n) for n in torch.randint(1, 4000, (40,), generator=torch.Generator().manual_seed(0))]
+    groups = length_groups(lengths, max_padding=0.25)
+    assert sorted(i for g in groups for i in g) == list(range(40))
+    for g in groups:
+        assert max(lengths[i] for i in g) * len(g) <= 1.25 * sum(lengths[i] for i in g)
+
+
+def test_features_and_logits_computed_in_length_groups_equal_one_padded_batch(llama_target, tmp_path, monkeypatch):
+    """Sequences of 40, 25 and 60 tokens run as two passes ([60, 40], [25]); features and KL logits come back
+    in the batch's order, equal to the single padded pass over all three."""
+    from hyflash.training import features as features_module
+
+    data, _ = _cropped_data(llama_target, tmp_path / "d")
+    batch = make_batch(data, [0, 1, 2], num_anchors=4, block_size=4, max_length=32, seed=0, epoch=0)
+    assert features_module.length_groups([40, 25, 60]) == [[2, 0], [1]]
+    grouped, grouped_logits = features_module.batch_features(llama_target, batch, data, None, want_logits=True)
+    monkeypatch.setattr(features_module, "length_groups", lambda lengths: [list(range(len(lengths)))])
+    padded, padded_logits = features_module.batch_features(llama_target, batch, data, None, want_logits=True)
+    torch.testing.assert_close(grouped, padded, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grouped_logits, padded_logits, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("kind", ["full", "local", "memory", "hyflash"])
 def test_blocks_read_only_the_context_before_their_anchor_and_their_anchor_token(llama_target, kind):
     """The block at anchor a depends on features[:a] and tokens[a] only: not on its labels tokens[a+1..], not
