@@ -187,6 +187,34 @@ def test_head_of_sliced_slots_is_one_matrix_product(llama_target):
     assert logits.shape[:-1] == sliced.shape[:-1] and hidden.grad is not None
 
 
+@pytest.mark.parametrize("shared", [True, False])
+def test_context_matmul_equals_broadcast_matmul_without_copying_the_context_per_block(shared):
+    """The full kind's context is shared by every block ([B, 1, heads, L, d]): a product with it must give the
+    numbers and gradients of the broadcast `a @ b`, without any op reading a per-block copy of it (on the
+    grid's 4k context such copies were 4.8 GB each and ran depth 2 out of memory)."""
+    from torch.profiler import profile
+
+    from hyflash.drafters.layers import context_matmul
+
+    g = torch.Generator().manual_seed(0)
+    B, A, h, S, L, d = 2, 5, 3, 4, 40, 8
+    a = torch.randn(B, A, h, S, d, generator=g, requires_grad=True)
+    b = torch.randn(B, 1 if shared else A, h, d, L, generator=g, requires_grad=True)
+    with profile(record_shapes=True) as prof:
+        out = context_matmul(a, b)
+        out.pow(2).sum().backward()
+    grads = a.grad.clone(), b.grad.clone()
+    a.grad = b.grad = None
+    (a @ b).pow(2).sum().backward()
+    torch.testing.assert_close(out.detach(), (a @ b).detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grads[0], a.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grads[1], b.grad, rtol=1e-5, atol=1e-5)
+    if shared:
+        per_block = {(B, A, h, d, L), (B * A * h, d, L), (B * A, h, d, L)}
+        seen = {tuple(shape) for e in prof.events() if e.name != "aten::expand" for shape in e.input_shapes}
+        assert not per_block & seen, "the shared context was copied per block"
+
+
 @pytest.fixture(scope="module")
 def varied_llama():
     """A tiny Llama (4 query heads, 2 key/value heads of 8) whose norms are not all ones and whose RoPE
