@@ -16,7 +16,7 @@
 #   full, local, memory, hyflash at depth 1; full, hyflash at depth 2       KIND-dDEPTH-sSEED
 #   seeds 0,1,2 for full-d1 and hyflash-d1, seeds 0,1 for the other four
 #   hyflash-d1 seed 0 under the memory rules linear, gated, delta          hyflash-d1-rule-RULE
-#   (gated_delta is the default rule, so its row is hyflash-d1-s0 itself)
+#   (gated_delta is the default rule, so its row is hyflash-d1-s0 itself; see `also` below)
 # Data: train-v2 + long-v1 + train-v3, --max-length 4096 (long-v1 holds 2.3k-8k-token sequences, so tokens
 # leave the window and the memory is used; OUTDIR/anchor_context.json says for what share of training anchors).
 #
@@ -130,9 +130,15 @@ for s in 0 1 2; do
   done
 done
 for rule in linear gated delta; do grid+=("hyflash-d1-rule-$rule"); done
+# RUNS may also name the default rule as a rule run: when the rule runs are trained on another machine or with
+# another AUTOCAST than hyflash-d1-s0, it gives them a baseline of the same arithmetic (summarize.py takes it as
+# the default rule's row). The whole grid leaves it out: there hyflash-d1-s0 is that run.
+also=(hyflash-d1-rule-gated_delta)
 selected=("${grid[@]}")
 if [ -n "${RUNS:-}" ]; then
-  for r in $RUNS; do [[ " ${grid[*]} " == *" $r "* ]] || die "RUNS: $r is not a run of the grid (${grid[*]})"; done
+  for r in $RUNS; do
+    [[ " ${grid[*]} ${also[*]} " == *" $r "* ]] || die "RUNS: $r is not a run of the grid (${grid[*]} ${also[*]})"
+  done
   read -ra selected <<< "$RUNS"
 fi
 if [ "$stage" = each ]; then  # one run at a time: train it, then the bench grows by it (bench --resume)

@@ -304,6 +304,23 @@ def test_each_stage_trains_then_benches_run_after_run_in_the_order_given(tmp_pat
     assert bad.returncode == 2 and "STAGE must be all, train, bench, summary or each" in bad.stderr
 
 
+def test_the_default_rule_retrained_as_a_rule_run_is_the_baseline_of_the_rule_table(tmp_path):
+    # Rule runs trained with another arithmetic than hyflash-d1-s0 need a baseline of their own: RUNS may name
+    # the default rule as a rule run (the whole grid leaves it out), and the summary's default row is then it.
+    done = _script(tmp_path / "g", SCALE="cpu", DRY_RUN="1", STAGE="each", RUNS="hyflash-d1-rule-gated_delta")
+    assert done.returncode == 0, done.stderr
+    train = [line for line in done.stdout.splitlines() if " train " in line]
+    assert len(train) == 1 and "--kind hyflash --num-layers 1 --seed 0 --memory-rule gated_delta " in train[0]
+    whole = _script(tmp_path / "g", SCALE="cpu", DRY_RUN="1")
+    assert "rule-gated_delta" not in whole.stdout
+    assert _script(tmp_path / "g", SCALE="cpu", DRY_RUN="1", RUNS="hyflash-d2-rule-gated_delta").returncode == 2
+    out = write_bench_and_summarize(tmp_path / "s", {"hyflash-d1-s0": {"code": [1.5]},
+                                                     "hyflash-d1-rule-gated_delta": {"code": [2.5]},
+                                                     "hyflash-d1-rule-delta": {"code": [2.0]}})
+    rules = json.loads((out / "memory_rules.json").read_text())
+    assert rules["gated_delta"] == {"drafter": "hyflash-d1-rule-gated_delta", "sets": {"code": 2.5}}
+
+
 def _tiny_model_and_data(folder: Path) -> tuple[Path, Path]:
     """A tiny random Llama with SmolLM2's tokenizer (the bench's sets are text), and target-written data for it:
     its greedy continuations of random prompts, some longer than the drafters' 64-token window."""
