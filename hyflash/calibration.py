@@ -14,6 +14,7 @@ there is one curve per file, under dtype "auto".
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import platform
@@ -34,6 +35,34 @@ DEFAULT_CONTEXTS = (64, 256, 1024)
 DRAFTER_CONTEXT = 256  # a drafter's step is timed with its window full (the shipped drafter reads 256 tokens)
 _clock = time.perf_counter  # a module attribute, so tests can give measure_target a clock of their own
 MAX_Q = 16
+
+
+@functools.lru_cache(maxsize=None)
+def bf16_matmul_pays(device: torch.device) -> bool:
+    """Whether bf16 matrix products beat float32's here: on a GPU, yes; on a CPU, timed once per process at a
+    drafter training step's size. AMX runs bf16 natively; AVX2 CPUs emulate it, and there bf16 made a drafter's
+    training step 15-21x slower and the target's pass 6x slower (AMD EPYC, docs/results/training-speed/epyc-avx2)."""
+    if device.type != "cpu":
+        return True
+    a, b = torch.randn(2048, 576), torch.randn(576, 1536)
+
+    def best(x, y) -> float:
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            x @ y
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    return best(a.bfloat16(), b.bfloat16()) < best(a, b)
+
+
+def auto_dtype(dtype: str, device: torch.device) -> str:
+    """A dtype setting made concrete: 'auto' is bfloat16 where bf16 products pay (`bf16_matmul_pays`), else
+    float32; any other name is returned as given."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if bf16_matmul_pays(device) else "float32"
 
 
 @dataclass

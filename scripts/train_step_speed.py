@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from hyflash.bench.run import machine_info
+    from hyflash.calibration import bf16_matmul_pays
     from hyflash.errors import HyflashError
     from hyflash.files import atomic_write_json
     from hyflash.targets import Target
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from hyflash.training.config import TrainConfig
     from hyflash.training.data import TokenDataset
     from hyflash.training.features import FeatureCache, batch_features
-    from hyflash.training.train import bf16_autocast_pays, feature_source, train
+    from hyflash.training.train import feature_source, train
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="folder for results.json and table.md")
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_info()
     meta = {"cpu": machine["cpu_model"], "machine": machine, "threads": args.threads, "torch": torch.__version__,
             "kind": args.kind, "num_layers": args.num_layers, "steps": args.steps, "feature_pass_seconds": feature_pass,
-            "bf16_autocast_pays": bf16_autocast_pays(torch.device("cpu")),
+            "bf16_autocast_pays": bf16_matmul_pays(torch.device("cpu")),
             "command": " ".join(["python", "scripts/train_step_speed.py", *(argv or sys.argv[1:])])}
     atomic_write_json(out / "results.json", {"meta": meta, "rows": rows})
     fastest = min(r["seconds_per_step"] for r in rows)

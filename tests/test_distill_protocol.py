@@ -358,3 +358,37 @@ def test_a_raised_accuracy_target_continues_a_run_that_stopped_early(tmp_path):
     assert run_finished(tmp_path, 600, stop_at=0.9)  # its last step counts whatever the target
     state.write_text(json.dumps({"step": 600, "samples_seen": 9600, "stopped_early": False}))
     assert not run_finished(tmp_path, 1200, stop_at=0.85)
+
+
+@pytest.mark.parametrize("pays", [True, False])
+def test_teacher_dtype_auto_scores_in_bf16_only_where_bf16_products_pay(tmp_path, monkeypatch, pays):
+    # bf16 is emulated on AVX2 CPUs (several times slower there), native with AMX: the default follows the
+    # machine's measurement, and a dtype given explicitly is kept whatever the machine.
+    from hyflash import calibration
+    from hyflash.distill import trainer as trainer_module
+    from hyflash.distill.student import save_tiny_model
+
+    monkeypatch.setattr(calibration, "bf16_matmul_pays", lambda device: pays)
+    base = save_tiny_model(tmp_path / "base", layers=2)
+
+    def teacher_dtype(**kw) -> torch.dtype:
+        config = trainer_module.DistillConfig(method="opd", teacher=str(base), student=str(base),
+                                              out=str(tmp_path / "run" / kw.get("teacher_dtype", "auto")), steps=1,
+                                              batch_size=1, max_new_tokens=2, **kw)
+        return next(trainer_module.Trainer(config).teacher.parameters()).dtype
+
+    assert trainer_module.DistillConfig().teacher_dtype == "auto"
+    assert teacher_dtype() == (torch.bfloat16 if pays else torch.float32)
+    assert teacher_dtype(teacher_dtype="float32") == torch.float32
+    assert teacher_dtype(teacher_dtype="bfloat16") == torch.bfloat16
+    with pytest.raises(HyflashError, match="teacher-dtype"):
+        trainer_module.DistillConfig(teacher_dtype="half")
+
+
+def test_bf16_pays_on_an_accelerator_and_auto_resolves_only_auto():
+    from hyflash.calibration import auto_dtype, bf16_matmul_pays
+
+    assert bf16_matmul_pays(torch.device("cuda")) is True  # decided without touching the device
+    assert isinstance(bf16_matmul_pays(torch.device("cpu")), bool)
+    assert auto_dtype("float32", torch.device("cuda")) == "float32"
+    assert auto_dtype("auto", torch.device("cuda")) == "bfloat16"

@@ -230,7 +230,7 @@ def test_autocast_left_open_is_decided_by_this_machine_and_recorded(llama_target
 
     used = []
     real_autocast = torch.autocast
-    monkeypatch.setattr(train_module, "bf16_autocast_pays", lambda device: pays)
+    monkeypatch.setattr(train_module, "bf16_matmul_pays", lambda device: pays)
 
     def autocast(*args, **kwargs):  # the training step's (the memory scan switches autocast off inside it)
         if kwargs.get("dtype") is torch.bfloat16:
@@ -243,7 +243,7 @@ def test_autocast_left_open_is_decided_by_this_machine_and_recorded(llama_target
     train_module.train(config, progress=False, target=llama_target)
     assert json.loads((tmp_path / "run" / "train_config.json").read_text())["autocast"] is pays
     assert used and set(used) == {pays}
-    monkeypatch.setattr(train_module, "bf16_autocast_pays", lambda device: not pays)
+    monkeypatch.setattr(train_module, "bf16_matmul_pays", lambda device: not pays)
     with pytest.raises(HyflashError, match="autocast"):
         train_module.train(replace(config, steps=3), resume=True, progress=False, target=llama_target)
 

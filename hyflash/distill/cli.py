@@ -32,7 +32,9 @@ def add_cli(sub) -> None:
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--eval-size", type=int, default=96)
     p.add_argument("--checkpoint-every", type=int, default=10)
-    p.add_argument("--teacher-dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--teacher-dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                   help="dtype the teacher scores in; auto (default): bfloat16 where its matrix products beat "
+                   "float32's on this machine (native bf16: AMX, GPUs), else float32")
     p.add_argument("--rollout-dtype", default="float32", choices=["bfloat16", "float32"],
                    help="dtype of the student copy used for sampling and evaluation (training is fp32)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")

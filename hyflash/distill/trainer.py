@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from hyflash.calibration import auto_dtype
 from hyflash.distill import losses, rollout, tasks
 from hyflash.distill.credit import CreditConfig, floor_from_lambda, reward_quantiles, token_reward
 from hyflash.distill.student import freeze_embeddings, load_model, same_vocabulary, save_model
@@ -73,7 +74,9 @@ class DistillConfig:
     stop_at_accuracy: float | None = None  # stop early once a held-out evaluation reaches this accuracy
     checkpoint_every: int = 10
     device: str = "cpu"  # DEVICES
-    teacher_dtype: str = "bfloat16"  # scoring only: bf16 is ~2x faster on this CPU
+    # Scoring only. auto: bf16 where its matrix products beat float32's (about 2x faster with AMX; emulated, and
+    # several times slower, on AVX2 CPUs), measured once per process by calibration.bf16_matmul_pays.
+    teacher_dtype: str = "auto"
     # Rollouts and evaluation run on a copy of the student in this dtype (bf16 decodes ~3x faster here);
     # training stays fp32. The importance ratio of REOPOLD corrects the small sampling mismatch.
     rollout_dtype: str = "float32"
@@ -100,8 +103,8 @@ class DistillConfig:
             if getattr(self, name) < 1:
                 raise HyflashError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         self.levels = tuple(self.levels)
-        choices = (("lr_decay", ("constant", "linear")), ("teacher_dtype", DTYPES), ("rollout_dtype", DTYPES),
-                   ("task", tasks.TASKS), ("sft_source", SFT_SOURCES), ("device", DEVICES),
+        choices = (("lr_decay", ("constant", "linear")), ("teacher_dtype", ("auto", *DTYPES)),
+                   ("rollout_dtype", DTYPES), ("task", tasks.TASKS), ("sft_source", SFT_SOURCES), ("device", DEVICES),
                    ("loss_normalization", losses.NORMALIZATIONS))
         for name, allowed in choices:
             if getattr(self, name) not in allowed:
@@ -236,7 +239,7 @@ class Trainer:
         # Supervised training on the task's own solutions (fine-tuning a teacher) needs no teacher at all.
         self.needs_teacher = not (c.method == "sft" and c.sft_source == "ground-truth")
         if teacher is None and self.needs_teacher:
-            teacher, teacher_tokenizer = load_model(c.teacher, c.teacher_dtype)
+            teacher, teacher_tokenizer = load_model(c.teacher, auto_dtype(c.teacher_dtype, self.device))
         self.teacher = teacher.to(self.device).eval() if teacher is not None else None
         self.teacher_tokenizer = teacher_tokenizer
         self.step = 0

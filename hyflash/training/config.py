@@ -46,7 +46,7 @@ class TrainConfig:
     gamma: float = 4.0  # slot weights exp(-(k-1)/gamma); DFlash uses 7 for B=16
     slot_weights: str = "exp"  # exp: exp(-(k-1)/gamma) | survival: running estimate of P(block survives to k)
     # bf16 autocast for the drafter's forward/backward (fp32 master weights). None: where bf16 is fast, on a GPU
-    # or a CPU whose bf16 matrix products beat float32's (AMX), measured at the start (`bf16_autocast_pays`).
+    # or a CPU whose bf16 matrix products beat float32's (AMX), measured at the start (`calibration.bf16_matmul_pays`).
     autocast: bool | None = None
     seed: int = 0
     # ----- acceptance-aware on-policy term (hyflash/training/onpolicy.py); weight 0 = off -----

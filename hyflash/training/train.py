@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hyflash.calibration import bf16_matmul_pays
 from hyflash.drafters.config import DrafterConfig
 from hyflash.drafters.copy import copy_labels
 from hyflash.errors import HyflashError
@@ -205,25 +206,6 @@ def onpolicy_generator(config: TrainConfig, step: int, rank: int, device: torch.
     return torch.Generator(device=device).manual_seed(config.seed * 1_000_003 + step * 64 + rank)
 
 
-def bf16_autocast_pays(device: torch.device) -> bool:
-    """Whether bf16 autocast speeds training up here: on a GPU, yes; on a CPU, if a bf16 matrix product of a
-    training step's size beats float32's. With AMX it does; AVX2 CPUs emulate bf16, and there autocast made a
-    drafter's step 15-21x slower (AMD EPYC, docs/results/training-speed/epyc-avx2)."""
-    if device.type != "cpu":
-        return True
-    a, b = torch.randn(2048, 576), torch.randn(576, 1536)
-
-    def best(x, y) -> float:
-        times = []
-        for _ in range(5):
-            start = time.perf_counter()
-            x @ y
-            times.append(time.perf_counter() - start)
-        return min(times)
-
-    return best(a.bfloat16(), b.bfloat16()) < best(a, b)
-
-
 def train(config: TrainConfig, resume: bool = False, progress: bool = True, target=None) -> Path:
     """Run (or resume) a training run; returns the folder of the exported drafter."""
     rank, world, local_rank = _dist_info()
@@ -249,7 +231,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True, targ
     if dataset.target and {k: dataset.target[k] for k in target.signature()} != target.signature():
         raise HyflashError(f"the data in {config.data[0]} was written by another target ({dataset.target['name']})")
     if config.autocast is None:  # decided before the fingerprint: a checkpoint records what the run did
-        config = replace(config, autocast=bf16_autocast_pays(target.device))
+        config = replace(config, autocast=bf16_matmul_pays(target.device))
         if rank == 0:
             print(f"bf16 autocast {'on' if config.autocast else 'off: bf16 is slower than float32 here'}", flush=True)
     model = build_drafter(config, target, dataset).to(target.device)
