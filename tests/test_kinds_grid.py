@@ -319,6 +319,11 @@ def test_the_default_rule_retrained_as_a_rule_run_is_the_baseline_of_the_rule_ta
                                                      "hyflash-d1-rule-delta": {"code": [2.0]}})
     rules = json.loads((out / "memory_rules.json").read_text())
     assert rules["gated_delta"] == {"drafter": "hyflash-d1-rule-gated_delta", "sets": {"code": 2.5}}
+    # A bench of rule runs alone (the rules trained apart from the seed runs) has a rule table, not an error.
+    alone = write_bench_and_summarize(tmp_path / "r", {"hyflash-d1-rule-linear": {"code": [2.0]}})
+    assert json.loads((alone / "memory_rules.json").read_text()) == {
+        "linear": {"drafter": "hyflash-d1-rule-linear", "sets": {"code": 2.0}}}
+    assert json.loads((alone / "summary.json").read_text()) == {} and not (alone / summarize.PLOT).exists()
 
 
 def _tiny_model_and_data(folder: Path) -> tuple[Path, Path]:

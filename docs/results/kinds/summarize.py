@@ -355,16 +355,19 @@ def write_all(bench: str | Path | list, out: str | Path | None = None) -> list[P
     table = summary(seeds, sets)
     sampled_seeds, _, sampled_sets, _ = taus(results, SAMPLED)
     sampled = summary(sampled_seeds, [s for s in sets if s in sampled_sets])
-    if not table:
-        raise HyflashError(f"no greedy runs of drafters named KIND-dN-sS in {folder / 'results.json'}: nothing to "
-                           "summarise (was the bench run with --temperatures 0 and the grid's drafter names?)")
+    if not table and not rules:  # a bench of memory-rule runs alone still has its rule table
+        raise HyflashError(f"no greedy runs of drafters named KIND-dN-sS or KIND-dN-rule-RULE in "
+                           f"{folder / 'results.json'}: nothing to summarise (was the bench run with --temperatures "
+                           "0 and the grid's drafter names?)")
     out.mkdir(parents=True, exist_ok=True)
-    written = [out / "summary.json", out / "claims.md", out / "memory_rules.json", out / "memory_rules.md", out / PLOT]
+    written = [out / "summary.json", out / "claims.md", out / "memory_rules.json", out / "memory_rules.md"]
     written[0].write_text(json.dumps(table, indent=1) + "\n")
     written[1].write_text(claims_markdown(results, table, rules, sets, notes, sampled))
     written[2].write_text(json.dumps({r: rules[r] for r in MEMORY_RULES if r in rules}, indent=1) + "\n")
     written[3].write_text(memory_rules_markdown(rules, table, sets) + "\n")
-    plot(results, table, written[4])
+    if table:  # rule runs alone have no kind-depth to draw
+        written.append(out / PLOT)
+        plot(results, table, written[-1])
     if sampled:
         written.append(out / "summary_t1.json")
         written[-1].write_text(json.dumps(sampled, indent=1) + "\n")
