@@ -242,7 +242,7 @@ fi
 if [ "$stage" = all ] || [ "$stage" = bench ]; then
   missing=() drafters=()
   for name in "${selected[@]}"; do finished "$name" || missing+=("$name"); done
-  for name in "${grid[@]}"; do
+  for name in "${grid[@]}" "${also[@]}"; do
     # A dry run shows the bench as it will be once the selected runs are trained.
     if finished "$name" || { [ "$dry" = 1 ] && [[ " ${selected[*]} " == *" $name "* ]]; }; then
       drafters+=(--drafter "$name=$out/runs/$name/drafter")

@@ -311,6 +311,8 @@ def test_the_default_rule_retrained_as_a_rule_run_is_the_baseline_of_the_rule_ta
     assert done.returncode == 0, done.stderr
     train = [line for line in done.stdout.splitlines() if " train " in line]
     assert len(train) == 1 and "--kind hyflash --num-layers 1 --seed 0 --memory-rule gated_delta " in train[0]
+    bench = [line for line in done.stdout.splitlines() if " bench " in line]  # and the bench then takes it
+    assert len(bench) == 1 and re.findall(r"--drafter (\S+)=", bench[0]) == ["hyflash-d1-rule-gated_delta"]
     whole = _script(tmp_path / "g", SCALE="cpu", DRY_RUN="1")
     assert "rule-gated_delta" not in whole.stdout
     assert _script(tmp_path / "g", SCALE="cpu", DRY_RUN="1", RUNS="hyflash-d2-rule-gated_delta").returncode == 2
