@@ -401,3 +401,21 @@ def test_tiny_scale_runs_end_to_end_and_resumes(tmp_path):
     # Other settings in the same OUTDIR are refused.
     other = _script(out, **{**env, "FEATURE_CACHE": str(tmp_path / "fc")})
     assert other.returncode == 2 and "other settings" in other.stderr
+
+
+def test_the_rule_table_names_the_default_rule_by_the_seed_noise_of_its_mean(tmp_path):
+    # hyflash-d1 seeds 0 and 1 differ by 0.2 on every set, so the mean column's noise is 0.2: a rule 0.3 ahead of
+    # gated_delta (hyflash-d1-s0 itself) should become the default, one 0.1 ahead should not.
+    seeds = {"hyflash-d1-s0": {s: [2.0] for s in SETS}, "hyflash-d1-s1": {s: [2.2] for s in SETS}}
+    ahead = write_bench_and_summarize(tmp_path / "a", {**seeds, "hyflash-d1-rule-delta": {s: [2.3] for s in SETS},
+                                                       "hyflash-d1-rule-linear": {s: [1.5] for s in SETS}})
+    table = (ahead / "memory_rules.md").read_text()
+    assert "| *noise: hyflash-d1 seed spread* |" in table and "| 0.200 | |" in table
+    assert "**delta** is ahead of gated_delta by +0.300 (noise 0.200): it should be the default rule." in table
+    close = write_bench_and_summarize(tmp_path / "c", {**seeds, "hyflash-d1-rule-delta": {s: [2.1] for s in SETS}})
+    assert "no rule is ahead of gated_delta beyond noise (the best, delta, +0.100; noise 0.200)" in (
+        close / "memory_rules.md").read_text()
+    # One seed of hyflash-d1: no noise to judge by, so no verdict.
+    alone = write_bench_and_summarize(tmp_path / "o", {"hyflash-d1-s0": {s: [2.0] for s in SETS},
+                                                       "hyflash-d1-rule-delta": {s: [2.9] for s in SETS}})
+    assert "**Verdict:** none: hyflash-d1 needs 2 seeds" in (alone / "memory_rules.md").read_text()

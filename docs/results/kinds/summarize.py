@@ -15,7 +15,7 @@ drafter must be in one of them. Writes into DIR (default: the folder of a single
                         hyflash - full gain per set and depth, and the memory-rule table
   memory_rules.json     {rule: {"drafter": name, "sets": {set: tau}}}: hyflash-d1 seed 0 under each memory rule;
                         the default rule's row is the seed-0 grid run itself unless a -rule- run of it exists
-  memory_rules.md       that table
+  memory_rules.md       that table, with the noise of its mean column and which rule should be the default
   tau_vs_context_by_kind.png   greedy tau against prompt length per kind-depth, seed range as error bars
   summary_t1.json       the summary at T = 1, when the bench sampled at T = 1 (claims.md has its claims too)
 """
@@ -300,8 +300,35 @@ def memory_rules_markdown(rules: dict, table: dict, sets: list[str]) -> str:
     cells = table.get("hyflash-d1", {})
     if cells:
         lines.append("| *noise: hyflash-d1 seed spread* | | " + " | ".join(
-            _num(_spread(cells[s])) if s in cells else "–" for s in sets) + " | | |")
-    return "\n".join(lines)
+            _num(_spread(cells[s])) if s in cells else "–" for s in sets) + f" | {_num(_mean_spread(cells, sets))} | |")
+    return "\n".join(lines + ["", "**Verdict:** " + rule_verdict(rules, table, sets)])
+
+
+def _mean_spread(cells: dict, sets: list[str]) -> float | None:
+    """Seed spread of the mean over the sets (the noise of the table's mean column): None below 2 seeds."""
+    if not all(s in cells for s in sets) or len({len(cells[s]["tau_seeds"]) for s in sets}) != 1:
+        return None
+    means = [sum(seed_taus) / len(sets) for seed_taus in zip(*(cells[s]["tau_seeds"] for s in sets))]
+    return max(means) - min(means) if len(means) >= 2 else None
+
+
+def rule_verdict(rules: dict, table: dict, sets: list[str]) -> str:
+    """Which rule should be the default: another rule only if its mean τ beats the default's by more than the
+    noise (the seed spread of hyflash-d1's mean over the sets)."""
+    base = _set_mean(rules[DEFAULT_RULE]["sets"], sets) if DEFAULT_RULE in rules else None
+    others = {r: _set_mean(rules[r]["sets"], sets) for r in rules if r != DEFAULT_RULE}
+    others = {r: m for r, m in others.items() if m is not None}
+    if base is None or not others:
+        return f"none: the table needs {DEFAULT_RULE} and another rule over every set."
+    noise = _mean_spread(table.get("hyflash-d1", {}), sets)
+    if noise is None:
+        return "none: hyflash-d1 needs 2 seeds on every set for the noise."
+    best = max(others, key=others.get)
+    lead = others[best] - base
+    if lead > noise:
+        return f"**{best}** is ahead of {DEFAULT_RULE} by {lead:+.3f} (noise {noise:.3f}): it should be the default rule."
+    return (f"no rule is ahead of {DEFAULT_RULE} beyond noise (the best, {best}, {lead:+.3f}; noise {noise:.3f}): "
+            f"{DEFAULT_RULE} stays the default rule.")
 
 
 def _set_mean(values: dict, sets: list[str]) -> float | None:
