@@ -287,21 +287,19 @@ def memory_rules_markdown(rules: dict, table: dict, sets: list[str]) -> str:
         return "\n".join(lines + ["No memory-rule runs in this bench."])
     lines += ["| rule | drafter | " + " | ".join(sets) + " | mean | vs " + DEFAULT_RULE + " |",
               "|---|---|" + "---:|" * (len(sets) + 2)]
-    base = rules.get(DEFAULT_RULE)
-    base_mean = _set_mean(base["sets"], sets) if base else None
-    for rule in MEMORY_RULES:
-        if rule not in rules:
-            continue
+    means = {rule: _set_mean(rules[rule]["sets"], sets) for rule in MEMORY_RULES if rule in rules}
+    base_mean = means.get(DEFAULT_RULE)
+    for rule, mean in means.items():
         r = rules[rule]
-        mean = _set_mean(r["sets"], sets)
         diff = None if base_mean is None or mean is None else mean - base_mean
         lines.append(f"| {rule} | {r['drafter']} | " + " | ".join(_num(r["sets"].get(s)) for s in sets)
                      + f" | {_num(mean)} | {_num(diff, True)} |")
     cells = table.get("hyflash-d1", {})
+    noise = _mean_spread(cells, sets)
     if cells:
         lines.append("| *noise: hyflash-d1 seed spread* | | " + " | ".join(
-            _num(_spread(cells[s])) if s in cells else "–" for s in sets) + f" | {_num(_mean_spread(cells, sets))} | |")
-    return "\n".join(lines + ["", "**Verdict:** " + rule_verdict(rules, table, sets)])
+            _num(_spread(cells[s])) if s in cells else "–" for s in sets) + f" | {_num(noise)} | |")
+    return "\n".join(lines + ["", "**Verdict:** " + rule_verdict(means, noise)])
 
 
 def _mean_spread(cells: dict, sets: list[str]) -> float | None:
@@ -312,15 +310,13 @@ def _mean_spread(cells: dict, sets: list[str]) -> float | None:
     return max(means) - min(means) if len(means) >= 2 else None
 
 
-def rule_verdict(rules: dict, table: dict, sets: list[str]) -> str:
-    """Which rule should be the default: another rule only if its mean τ beats the default's by more than the
-    noise (the seed spread of hyflash-d1's mean over the sets)."""
-    base = _set_mean(rules[DEFAULT_RULE]["sets"], sets) if DEFAULT_RULE in rules else None
-    others = {r: _set_mean(rules[r]["sets"], sets) for r in rules if r != DEFAULT_RULE}
-    others = {r: m for r, m in others.items() if m is not None}
+def rule_verdict(means: dict[str, float | None], noise: float | None) -> str:
+    """Which rule should be the default, from each rule's mean τ over the sets (None: a set missing): another
+    rule only if it beats the default's by more than `noise`, the seed spread of hyflash-d1's mean."""
+    base = means.get(DEFAULT_RULE)
+    others = {r: m for r, m in means.items() if r != DEFAULT_RULE and m is not None}
     if base is None or not others:
         return f"none: the table needs {DEFAULT_RULE} and another rule over every set."
-    noise = _mean_spread(table.get("hyflash-d1", {}), sets)
     if noise is None:
         return "none: hyflash-d1 needs 2 seeds on every set for the noise."
     best = max(others, key=others.get)
