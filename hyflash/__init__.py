@@ -3,7 +3,7 @@
 from hyflash.decoding import GenerationResult, generate
 from hyflash.errors import HyflashError
 from hyflash.sampling import SamplingConfig
-from hyflash.targets import Target
+from hyflash.targets import HFTarget, load_target
 
-__all__ = ["GenerationResult", "HyflashError", "SamplingConfig", "Target", "generate"]
+__all__ = ["GenerationResult", "HFTarget", "HyflashError", "SamplingConfig", "generate", "load_target"]
 __version__ = "0.1.0"

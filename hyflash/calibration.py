@@ -14,19 +14,22 @@ there is one curve per file, under dtype "auto".
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
-import platform
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
+from hyflash.costs import CostCurve
+from hyflash.drafters.registry import build_drafter, needs_features
 from hyflash.errors import HyflashError
+from hyflash.files import atomic_write_json
+from hyflash.machine import cpu_description
+from hyflash.sampling import SamplingConfig
+from hyflash.targets import cache_root, identity, load_target
 
 FORMAT_VERSION = 2  # 2: feature_ms
 # 64: below the first measured context the curve is flat, and a one-token llama.cpp Q4_1 pass costs ~2 ms
@@ -37,117 +40,9 @@ _clock = time.perf_counter  # a module attribute, so tests can give measure_targ
 MAX_Q = 16
 
 
-@functools.lru_cache(maxsize=None)
-def bf16_matmul_pays(device: torch.device) -> bool:
-    """Whether bf16 matrix products beat float32's here: on a GPU, yes; on a CPU, timed once per process at a
-    drafter training step's size. AMX runs bf16 natively; AVX2 CPUs emulate it, and there bf16 made a drafter's
-    training step 15-21x slower and the target's pass 6x slower (AMD EPYC, docs/results/training-speed/epyc-avx2)."""
-    if device.type != "cpu":
-        return True
-    a, b = torch.randn(2048, 576), torch.randn(576, 1536)
-
-    def best(x, y) -> float:
-        times = []
-        for _ in range(5):
-            start = time.perf_counter()
-            x @ y
-            times.append(time.perf_counter() - start)
-        return min(times)
-
-    return best(a.bfloat16(), b.bfloat16()) < best(a, b)
-
-
-def auto_dtype(dtype: str, device: torch.device) -> str:
-    """A dtype setting made concrete: 'auto' is bfloat16 where bf16 products pay (`bf16_matmul_pays`), else
-    float32; any other name is returned as given."""
-    if dtype != "auto":
-        return dtype
-    return "bfloat16" if bf16_matmul_pays(device) else "float32"
-
-
-@dataclass
-class CostCurve:
-    """Measured costs of one (model, dtype) on one machine, in milliseconds."""
-
-    model: str
-    dtype: str
-    contexts: list[int]
-    pass_ms: list[list[float]]  # pass_ms[i][q - 1]: one cached pass over q tokens at contexts[i]
-    draft_ms: float | None = None  # one drafter block (all slots), None without a drafter
-    ingest_ms: float | None = None  # drafter ingest of one verified token
-    machine: dict = field(default_factory=dict)
-    # What recording features adds to a one-token pass (llama.cpp: its eval callback splits the graph and
-    # copies the layers out), paid on every pass while a drafter that reads features is in use.
-    feature_ms: float | None = None
-
-    @property
-    def max_q(self) -> int:
-        return len(self.pass_ms[0])
-
-    def cost(self, q: int, context: int) -> float:
-        """c(q) at this context length: linear between measured contexts, flat beyond them."""
-        q = min(max(q, 1), self.max_q)
-        xs, ys = self.contexts, [row[q - 1] for row in self.pass_ms]
-        if context <= xs[0]:
-            return ys[0]
-        for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
-            if context <= x1:
-                return y0 + (y1 - y0) * (context - x0) / (x1 - x0)
-        return ys[-1]
-
-    def relative(self, context: int) -> list[float]:
-        """c(q) / c(1) for q = 1..max_q: how many plain steps a q-token verification costs."""
-        base = self.cost(1, context)
-        return [self.cost(q, context) / base for q in range(1, self.max_q + 1)]
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "CostCurve":
-        return cls(**data)
-
-
-def cpu_description() -> tuple[str, str]:
-    """(CPU model name, sha256 of its flags): what makes a cost curve valid on another machine."""
-    model, flags = "", ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and not model:
-                model = value.strip()
-            if key.strip() in ("flags", "Features") and not flags:
-                flags = value.strip()
-    except OSError:
-        pass
-    return model or platform.processor() or platform.machine(), hashlib.sha256(flags.encode()).hexdigest()[:16]
-
-
-def physical_cores() -> int:
-    """Cores this process may run on, counting hyperthread siblings once: torch's best thread count for
-    decoding (a sibling shares the core's vector units, so a second thread on it only adds contention)."""
-    import os
-
-    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
-    cores, cpu, phys = set(), None, "0"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            key, value = key.strip(), value.strip()
-            if key == "processor":
-                cpu = int(value)
-            elif key == "physical id":
-                phys = value
-            elif key == "core id" and cpu in allowed:
-                cores.add((phys, value))
-    except (OSError, ValueError):
-        pass
-    return max(1, min(len(cores) or len(allowed), len(allowed)))
-
-
 def machine_key(model: str, dtype: str, target=None) -> dict:
-    """What a cost curve is valid for. A transformers target needs nothing loaded (its key is versions only);
-    a llama.cpp target adds its own identity (calibration_identity: library, file, settings)."""
+    """What a cost curve is valid for: this machine, and the target's `identity()` (a transformers target needs
+    nothing loaded: its key is versions only; a llama.cpp target adds its library, file and settings)."""
     cpu, flags = cpu_description()
     key = {
         "cpu": cpu,
@@ -158,22 +53,11 @@ def machine_key(model: str, dtype: str, target=None) -> dict:
         "model": model,
         "dtype": dtype,
     }
-    if getattr(target, "backend", "transformers") == "transformers":
-        import transformers
-
-        from hyflash.targets.attention import NAME
-
-        # The attention a bf16 CPU target runs (see targets/attention.py): curves of the old kernel are stale.
-        attention = NAME if dtype in ("bfloat16", "float16") else "sdpa"
-        key.update(backend="transformers", transformers=transformers.__version__, attention=attention)
-    else:
-        key.update(target.calibration_identity())
+    key.update(identity(dtype, target))
     return key
 
 
 def cache_path(key: dict) -> Path:
-    from hyflash.targets import cache_root
-
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     name = f"{key['model'].replace('/', '_')}-{key['backend']}-{key['dtype']}-{digest}.json"
     return cache_root() / "calibration" / name
@@ -250,8 +134,6 @@ def measure_feature_ms(target, context: int, reps: int = 15) -> float:
 @torch.inference_mode()
 def measure_drafter(target, drafter, context: int = DRAFTER_CONTEXT, reps: int = 5) -> tuple[float, float]:
     """(ms per drafted block, ms per ingested token) of a drafter after `context` tokens of real features."""
-    from hyflash.sampling import SamplingConfig
-
     ids = torch.randint(0, target.vocab_size, (context + 1,), generator=torch.Generator().manual_seed(1))
     out = target.prefill(ids[:context], features=drafter.needs_features)
     drafter.reset()
@@ -273,13 +155,9 @@ def calibrate(model: str, dtype: str, drafter_spec: str | None = "default", cont
     Returns (curve, measured_now); `announce(line)` is told before a measurement starts.
 
     On llama.cpp, dtype is "auto" and the target is loaded first (well under a second): its file and settings
-    are part of the key. It records features only if the drafter reads them (drafter_needs_features)."""
-    from hyflash.targets import load_target
-
+    are part of the key. It records features only if the drafter reads them (registry.needs_features)."""
     if target is None and backend != "transformers":
-        from hyflash.cli import drafter_needs_features
-
-        target = load_target(model, dtype, backend, record_features=drafter_needs_features(drafter_spec, model),
+        target = load_target(model, dtype, backend, record_features=needs_features(drafter_spec, model),
                              **(target_options or {}))
     key = machine_key(model, dtype, target)
     path = cache_path(key)
@@ -293,8 +171,6 @@ def calibrate(model: str, dtype: str, drafter_spec: str | None = "default", cont
     target = target or load_target(model, dtype, backend, **(target_options or {}))
     drafter = None
     if drafter_spec:
-        from hyflash.cli import build_drafter
-
         try:
             drafter = build_drafter(drafter_spec, target, quiet=True)
         except HyflashError:
@@ -313,8 +189,6 @@ def calibrate(model: str, dtype: str, drafter_spec: str | None = "default", cont
         feature_ms = measure_feature_ms(target, contexts[0], reps=5 * reps)
     curve = CostCurve(model, target.precision, [int(c) for c in contexts], pass_ms, draft_ms, ingest_ms, key,
                       feature_ms)
-    from hyflash.files import atomic_write_json
-
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, {"version": FORMAT_VERSION, "curve": curve.to_dict()})
     return curve, True
@@ -343,7 +217,7 @@ def table(curves: list[CostCurve]) -> str:
 
 
 def plot(curves: list[CostCurve], path: Path) -> Path:
-    import matplotlib
+    import matplotlib  # here: only `hyflash calibrate` draws, and generate should not pay for the import
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

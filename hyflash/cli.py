@@ -10,7 +10,9 @@ import argparse
 import json
 import sys
 
+from hyflash.drafters.registry import SPEC_HELP
 from hyflash.errors import HyflashError
+from hyflash.flags import MODEL_HELP, add_backend_arg, add_engine_args, target_options
 
 # Packages that contribute subcommands; each exposes add_cli(subparsers).
 COMMAND_MODULES = [
@@ -21,95 +23,11 @@ COMMAND_MODULES = [
 ]
 
 
-def build_drafter(spec: str, target, block_size: int | None = None, quiet: bool = False):
-    """'none' -> no drafter, 'ngram' -> prompt lookup, 'default' -> the shipped drafter together with the
-    n-gram lookup (a HybridDrafter: the policy takes whichever draft pays more), else a drafter folder alone.
-
-    'default' falls back to the n-gram drafter (with a note) for targets that have no shipped drafter.
-    """
-    if spec == "none":
-        return None
-    if spec == "default":
-        from hyflash.training.defaults import DEFAULT_DRAFTERS, default_drafter_path
-
-        if target.name in DEFAULT_DRAFTERS:
-            from hyflash.drafters.hybrid import HybridDrafter
-            from hyflash.drafters.loading import load_drafter_for_target
-
-            return HybridDrafter(load_drafter_for_target(default_drafter_path(target.name), target))
-        if not quiet:
-            print(f"hyflash: no shipped drafter for {target.name}; using the n-gram drafter", file=sys.stderr)
-        spec = "ngram"
-    if spec == "ngram":
-        from hyflash.drafters.ngram import NgramDrafter
-
-        return NgramDrafter(block_size=block_size or 8)
-    from hyflash.drafters.loading import load_drafter_for_target
-
-    return load_drafter_for_target(spec, target)
-
-
-def drafter_needs_features(spec: str | None, model: str) -> bool:
-    """Whether the drafter `spec` (as build_drafter reads it) uses the target's features: a llama.cpp target
-    built without them runs ~9% faster (no eval callback)."""
-    if spec == "default":
-        from hyflash.training.defaults import DEFAULT_DRAFTERS
-
-        return model in DEFAULT_DRAFTERS  # else build_drafter falls back to the n-gram drafter
-    return spec not in (None, "none", "ngram")
-
-
-MODEL_HELP = "built-in name (smollm2-135m, gemma3-270m), a Hugging Face folder, or with --backend llama.cpp a PATH.gguf"
-
-
-def add_backend_arg(p) -> None:
-    from hyflash.targets import BACKENDS, CACHE_TYPES
-
-    p.add_argument("--backend", default="transformers", choices=BACKENDS,
-                   help="what runs the target: transformers (default) or llama.cpp (the GGUF file itself, in its "
-                        "own quantisation; needs llama-cpp-python, see README)")
-    for part in ("k", "v"):
-        p.add_argument(f"--cache-type-{part}", choices=("auto", *CACHE_TYPES), default=None,
-                       help=f"llama.cpp only: the KV cache's {part.upper()} type. auto (default): K q8_0, V f16 where "
-                            "that keeps speculative text bit-identical to plain on any thread count (a Q4_1 file; "
-                            "F16 and Q8_0 too on a llama.cpp built without llamafile, as make venv builds it), else "
-                            "llama.cpp's f16 (docs/engine.md)")
-
-
-def target_options(args) -> dict:
-    """The target settings given on the command line (`load_target`'s options), only those given."""
-    return {key: getattr(args, key) for key in ("cache_type_k", "cache_type_v") if getattr(args, key, None)}
-
-
-def add_engine_args(p) -> None:
-    """--backend, --dtype, --no-adaptive, --keep-drafter and --tree, shared by generate, demo and bench."""
-    add_backend_arg(p)
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
-                   help="auto (default): the fastest on this machine, from its calibration (`hyflash calibrate`); "
-                        "on llama.cpp only auto (the GGUF's own quantisation)")
-    p.add_argument("--no-adaptive", dest="adaptive", action="store_false",
-                   help="verify every draft in full instead of choosing the draft length from measured costs")
-    p.add_argument("--keep-drafter", action="store_true",
-                   help="never retire a trained drafter whose drafts do not pay (by default it sits out the rest "
-                        "of a generation after backing off in vain, and the target stops computing its features)")
-    p.add_argument("--tree", type=tree_budget, default=0, metavar="N|auto",
-                   help="verify a draft tree of up to N nodes in one pass (0 = a chain, the default; auto = the "
-                        "best size up to 15 from the cost curve)")
-
-
-def tree_budget(text: str) -> int:
-    if text == "auto":
-        return -1
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"--tree wants a node count >= 0 or 'auto', got {text!r}")
-    return int(text)
-
-
 def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="generate text, optionally with speculative decoding")
     p.add_argument("--prompt", required=True, help="the user prompt (chat template applied if the model has one)")
     p.add_argument("--model", default="smollm2-135m", help=MODEL_HELP)
-    p.add_argument("--drafter", default="default", help="none | ngram | default | PATH to a drafter folder")
+    p.add_argument("--drafter", default="default", help=SPEC_HELP)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -186,7 +104,9 @@ def _add_demo(sub) -> None:
 def cmd_demo(args) -> int:
     from hyflash.demo import run_demo
 
-    return run_demo(args)
+    return run_demo(args.model, args.drafter, args.prompts, args.max_new_tokens, backend=args.backend,
+                    dtype=args.dtype, adaptive=args.adaptive, tree=args.tree, keep_drafter=args.keep_drafter,
+                    target_options=target_options(args))
 
 
 def _add_calibrate(sub) -> None:
@@ -246,19 +166,6 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
-def set_threads() -> None:
-    """One torch thread per physical core unless the user chose (HYFLASH_THREADS, or OMP_NUM_THREADS):
-    decoding a small model is bound by the cores' vector units, and hyperthread siblings only contend."""
-    import os
-
-    import torch
-
-    from hyflash.calibration import physical_cores
-
-    chosen = os.environ.get("HYFLASH_THREADS") or os.environ.get("OMP_NUM_THREADS")
-    torch.set_num_threads(int(chosen) if chosen and chosen.isdigit() and int(chosen) > 0 else physical_cores())
-
-
 def build_parser() -> argparse.ArgumentParser:
     import importlib
 
@@ -281,7 +188,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        set_threads()
+        from hyflash.machine import set_torch_threads
+
+        set_torch_threads()
         return int(args.handler(args) or 0)
     except HyflashError as exc:
         print(f"hyflash: error: {exc}", file=sys.stderr)

@@ -21,7 +21,7 @@ import torch
 from hyflash.drafters.base import Draft, Drafter
 from hyflash.policy import SpeculationPolicy
 from hyflash.sampling import SamplingConfig, logits_to_probs, sample, verify_block
-from hyflash.targets import Target
+from hyflash.targets import HFTarget
 from hyflash.tree import DraftTree, verify_tree
 
 
@@ -66,6 +66,25 @@ class GenerationResult:
         return out
 
 
+def summarize(results: list[GenerationResult]) -> dict:
+    """Totals over several generations: tau, acceptance by position, decode speed, draft time and memory."""
+    committed = sum(sum(r.committed_per_pass) for r in results)
+    passes = sum(len(r.committed_per_pass) for r in results)
+    drafted = [sum(x) for x in zip(*[r.drafted_by_position for r in results if r.drafted_by_position])] or [0]
+    accepted = [sum(x) for x in zip(*[r.accepted_by_position for r in results if r.accepted_by_position])] or [0]
+    tokens = sum(len(r.tokens) for r in results)
+    decode_time = sum(r.total_time - r.prefill_time for r in results)
+    return {
+        "tau": committed / max(1, passes),
+        "acceptance_by_position": [round(a / d, 4) if d else 0.0 for a, d in zip(accepted, drafted)],
+        "tokens": tokens,
+        "decode_seconds": decode_time,
+        "tokens_per_second": tokens / decode_time if decode_time > 0 else float("nan"),
+        "draft_seconds": sum(r.draft_time for r in results),
+        "draft_memory_bytes": max((r.draft_memory_bytes for r in results), default=0),
+    }
+
+
 def _record_acceptance(result: GenerationResult, drafted: int, accepted: int) -> None:
     while len(result.drafted_by_position) < drafted:
         result.drafted_by_position.append(0)
@@ -87,7 +106,7 @@ def _target_rows(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor
     return logits if sampling.greedy else logits_to_probs(logits, sampling)
 
 
-def _verify(target: Target, next_token: int, plan, sampling: SamplingConfig, generator, features: bool):
+def _verify(target: HFTarget, next_token: int, plan, sampling: SamplingConfig, generator, features: bool):
     """One target pass over [next_token] + the plan's tokens. Returns (block, scored, accepted draft tokens,
     indices of the block to keep (0 = next_token), the correction or bonus token)."""
     device = target.device
@@ -112,7 +131,7 @@ def _drafting(drafter: Drafter | None, policy: SpeculationPolicy) -> tuple[Draft
 
 
 def generate(
-    target: Target,
+    target: HFTarget,
     prompt_ids: list[int] | torch.Tensor,
     drafter: Drafter | None = None,
     max_new_tokens: int = 128,

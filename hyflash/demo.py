@@ -8,28 +8,31 @@ from __future__ import annotations
 import sys
 
 from hyflash import engine
-from hyflash.cli import target_options
 from hyflash.bench.datasets import build_humaneval
 from hyflash.decoding import generate
+from hyflash.drafters.ngram import NgramDrafter
 from hyflash.sampling import SamplingConfig
 
 
-def run_demo(args) -> int:
-    print(f"loading {args.model} on {args.backend} ...", flush=True)
-    target, drafter, policy, choice = engine.load(args.model, args.dtype, args.drafter, args.adaptive, args.tree,
-                                                  backend=args.backend, keep_drafter=args.keep_drafter,
-                                                  target_options=target_options(args))
+def run_demo(model: str, drafter_spec: str = "default", prompts: int = 3, max_new_tokens: int = 96,
+             backend: str = "transformers", dtype: str = "auto", adaptive: bool = True, tree: int = 0,
+             keep_drafter: bool = False, target_options: dict | None = None) -> int:
+    """Plain and speculative decoding of `prompts` HumanEval prompts, printed side by side (engine.load's
+    arguments otherwise)."""
+    print(f"loading {model} on {backend} ...", flush=True)
+    target, drafter, policy, choice = engine.load(model, dtype, drafter_spec, adaptive, tree, backend=backend,
+                                                  keep_drafter=keep_drafter, target_options=target_options)
     print(f"dtype {choice.dtype} ({choice.reason}); draft length: "
-          f"{'adaptive, from the measured cost curve' if args.adaptive else 'the whole block'}", flush=True)
+          f"{'adaptive, from the measured cost curve' if adaptive else 'the whole block'}", flush=True)
     dtype = choice.dtype
-    name = "n-gram" if drafter is not None and type(drafter).__name__ == "NgramDrafter" else args.drafter
+    name = "n-gram" if isinstance(drafter, NgramDrafter) else drafter_spec
     greedy = SamplingConfig()
     rows = []
-    for i, item in enumerate(build_humaneval(target, args.prompts, args.max_new_tokens)):
+    for i, item in enumerate(build_humaneval(target, prompts, max_new_tokens)):
         ids = list(item.ids)
         generate(target, ids[:16], None, max_new_tokens=4)  # warm-up: first calls pay one-off costs
-        plain = generate(target, ids, None, max_new_tokens=args.max_new_tokens, sampling=greedy)
-        spec = generate(target, ids, drafter, max_new_tokens=args.max_new_tokens, sampling=greedy, policy=policy)
+        plain = generate(target, ids, None, max_new_tokens=max_new_tokens, sampling=greedy)
+        spec = generate(target, ids, drafter, max_new_tokens=max_new_tokens, sampling=greedy, policy=policy)
         same = plain.tokens == spec.tokens
         speedup = spec.tokens_per_second / plain.tokens_per_second
         rows.append((item.item_id, plain, spec, same, speedup))

@@ -16,8 +16,14 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from hyflash.calibration import CostCurve, calibrate, describe
+from transformers import AutoConfig
+
+from hyflash.calibration import calibrate, describe
+from hyflash.costs import CostCurve
+from hyflash.drafters import registry
+from hyflash.drafters.loading import read_config, target_mismatch
 from hyflash.policy import PolicyConfig, SpeculationPolicy, choose_dtype
+from hyflash.targets import check_options, load_target, resolve_model_path
 
 AUTO_CANDIDATES = ("float32", "bfloat16")
 GGUF_DTYPE = "auto"  # the only --dtype of the llama.cpp backend: the file's own quantisation
@@ -54,8 +60,6 @@ def cost_curves(model: str, dtypes, log: Callable[[str], None] = _stderr, backen
 def choose(model: str, dtype: str, with_drafter: bool, block: int = 8, calibrated: bool = True,
            log: Callable[[str], None] = _stderr) -> DtypeChoice:
     """Resolve --dtype: 'auto' from the calibration, else as given (with its curve, for adaptive drafting)."""
-    from hyflash.targets import resolve_model_path
-
     resolve_model_path(model)  # a bad model name fails here, before anything is measured
     if dtype != "auto":
         curve = cost_curves(model, [dtype], log)[dtype] if calibrated and with_drafter else None
@@ -70,9 +74,6 @@ def prepare(model: str, dtype: str = "auto", backend: str = "transformers", draf
     """(target, DtypeChoice): the target on `backend`, in the dtype chosen for running `drafter` ('none' =
     plain decoding), with the cost curve the adaptive policy reads (calibrated=False: none). target_options:
     the llama.cpp target's settings (`load_target`'s options)."""
-    from hyflash.cli import drafter_needs_features
-    from hyflash.targets import check_options, load_target
-
     with_drafter, options = drafter != "none", target_options or {}
     check_options(backend, options)  # before a transformers calibration, not after
     if backend == "transformers":
@@ -80,7 +81,7 @@ def prepare(model: str, dtype: str = "auto", backend: str = "transformers", draf
         choice = choose(model, dtype, with_drafter, calibrated=calibrated, log=log)
         return load_target(model, choice.dtype, backend), choice
     # Loaded first: it checks --dtype and the file, and calibration keys on the file and the target's settings.
-    target = load_target(model, dtype, backend, record_features=drafter_needs_features(drafter, model), **options)
+    target = load_target(model, dtype, backend, record_features=registry.needs_features(drafter, model), **options)
     curve = None
     if calibrated and with_drafter:
         curve = cost_curves(model, [GGUF_DTYPE], log, backend, target, drafter)[GGUF_DTYPE]
@@ -90,13 +91,8 @@ def prepare(model: str, dtype: str = "auto", backend: str = "transformers", draf
 def _refuse_bad_drafter_folder(spec: str, model: str) -> None:
     """A missing or corrupt drafter folder, or one made for a model of another hidden size, fails before
     anything is calibrated (a first calibration measures for ~20 s per dtype). The full check follows at load."""
-    if spec in (None, "none", "ngram", "default"):
+    if not registry.is_folder(spec):
         return
-    from transformers import AutoConfig
-
-    from hyflash.drafters.loading import read_config, target_mismatch
-    from hyflash.targets import resolve_model_path
-
     config = read_config(spec)
     hidden = int(AutoConfig.from_pretrained(resolve_model_path(model)).get_text_config().hidden_size)
     if config.target_hidden_size != hidden:
@@ -108,10 +104,8 @@ def load(model: str, dtype: str = "auto", drafter: str = "default", adaptive: bo
          log: Callable[[str], None] = _stderr, backend: str = "transformers",
          keep_drafter: bool = False, target_options: dict | None = None):
     """(target, drafter or None, policy, DtypeChoice) ready for `decoding.generate`."""
-    from hyflash.cli import build_drafter
-
     target, choice = prepare(model, dtype, backend, drafter, calibrated=adaptive, log=log,
                              target_options=target_options)
-    built = build_drafter(drafter, target)
+    built = registry.build_drafter(drafter, target)
     policy = SpeculationPolicy(choice.curve if adaptive else None, PolicyConfig.for_run(adaptive, tree, keep_drafter))
     return target, built, policy, choice

@@ -1,13 +1,16 @@
 """Atomic file writes: a reader (or a run killed mid-write) sees the old file or the new one, never half of one.
 
 The bytes go to a temporary file beside the target, are flushed to disk, then renamed over it (os.replace is
-atomic on one filesystem). Data shards, manifests, summaries and calibration files are all written this way.
+atomic on one filesystem). Data shards, manifests, summaries and calibration files are all written this way;
+folders (drafters, checkpoints) are filled beside their place and swapped in with `replace_folder`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 
@@ -23,3 +26,24 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def atomic_write_json(path: Path, obj) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=1) + "\n").encode())
+
+
+def temporary_folder_beside(final: Path) -> Path:
+    """A fresh empty folder next to `final` (same filesystem), to fill before `replace_folder` moves it there."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}-"))
+
+
+def replace_folder(tmp: Path, final: Path, old: Path | None = None) -> Path:
+    """Move the finished folder `tmp` to `final`, replacing what was there, so that a reader (or a run killed
+    mid-swap) finds one complete folder: the old one is renamed aside to `old` (default `final`.old) before
+    `tmp` is renamed in, and removed after. Folder renames are atomic where file renames are."""
+    tmp, final = Path(tmp), Path(final)
+    old = Path(old) if old is not None else final.with_name(final.name + ".old")
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+    return final

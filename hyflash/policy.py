@@ -13,7 +13,7 @@ The decoding loop asks three things and stays the same whatever the answers:
                         length k in 0..len that maximise expected committed tokens per millisecond:
                             (1 + sum_{j<=k} prod_{i<=j} a_i) / c(k + 1)
                         with a_i the calibrated probability that slot i is accepted once reached, and c(q)
-                        the measured cost of a q-token target pass (calibration.py). k = 0 is a plain step.
+                        the measured cost of a q-token target pass (costs.py). k = 0 is a plain step.
   observe(draft, n)     the target accepted n of the k verified drafts: update the calibration
 
 Lossless by construction: the choice depends only on the drafts' *distributions* (their per-slot maximum
@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hyflash.calibration import CostCurve
+from hyflash.costs import CostCurve
 from hyflash.drafters.base import Draft
+from hyflash.tree import DraftTree, build_tree
 
 
 @dataclass
@@ -45,7 +46,7 @@ class PolicyConfig:
     retire_after: int = 2
     # ...but only where an idle drafter costs: its measured ingest per token is at least this share of a
     # one-token step (llama.cpp Q4_1 here: 2.9%; transformers fp32 0.5%, where retiring a drafter that
-    # pays later cost more than it saved: docs/results/retire-transformers/).
+    # pays later cost more than it saved: experiments/retire-transformers/).
     retire_min_idle_share: float = 0.015
     # Passes after which a generation's ledger is read: the time its expensive drafts were expected to save over
     # the cheap drafts (or plain steps), less their drafting time and the features and ingest every pass pays
@@ -193,8 +194,6 @@ class SpeculationPolicy:
         in; cut to the node count that maximises expected committed tokens per ms (or to the fixed budget).
         A node's expected value is its path probability, each slot's drafter probability rescaled by that
         slot's calibrated acceptance over its confidence (so an over-confident drafter is discounted)."""
-        from hyflash.tree import DraftTree, build_tree
-
         block = next(d for d in candidates if d.slot_probs is not None and len(d.tokens))
         chains = [d for d in candidates if d.slot_probs is None and len(d.tokens)]
         budget = self.config.tree if self.config.tree > 0 else 15

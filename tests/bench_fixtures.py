@@ -12,7 +12,7 @@ from conftest import tiny_llama
 
 
 class WordTokenizer:
-    chat_template = None  # so Target.encode_prompt tokenises chat prompts as raw text
+    chat_template = None  # so HFTarget.encode_prompt tokenises chat prompts as raw text
 
     def __init__(self, vocab: int):
         self.vocab = vocab
@@ -25,7 +25,7 @@ class WordTokenizer:
 
 
 def word_target():
-    from hyflash.targets import Target
+    from hyflash.targets import HFTarget
 
     model = tiny_llama()
-    return Target(model, WordTokenizer(model.config.vocab_size), name="tiny-llama-words")
+    return HFTarget(model, WordTokenizer(model.config.vocab_size), name="tiny-llama-words")

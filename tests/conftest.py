@@ -74,16 +74,16 @@ def tiny_gemma3(seed: int = 0, vocab: int = 101, layers: int = 4, hidden: int = 
 
 @pytest.fixture(scope="session")
 def llama_target():
-    from hyflash.targets import Target
+    from hyflash.targets import HFTarget
 
-    return Target(tiny_llama(), name="tiny-llama")
+    return HFTarget(tiny_llama(), name="tiny-llama")
 
 
 @pytest.fixture(scope="session")
 def gemma_target():
-    from hyflash.targets import Target
+    from hyflash.targets import HFTarget
 
-    return Target(tiny_gemma3(), name="tiny-gemma3")
+    return HFTarget(tiny_gemma3(), name="tiny-gemma3")
 
 
 @pytest.fixture(scope="session")
@@ -91,6 +91,6 @@ def smollm2_fp32():
     """The real default target in fp32 (converted once into the user cache, then ~1 s to load)."""
     if os.environ.get("HYFLASH_SKIP_REAL_MODEL"):
         pytest.skip("HYFLASH_SKIP_REAL_MODEL is set")
-    from hyflash.targets import Target
+    from hyflash.targets import HFTarget
 
-    return Target.load("smollm2-135m", dtype="float32")
+    return HFTarget.load("smollm2-135m", dtype="float32")

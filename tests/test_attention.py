@@ -7,7 +7,7 @@ import torch
 from conftest import tiny_gemma3, tiny_llama
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from hyflash.targets import Target
+from hyflash.targets import HFTarget
 from hyflash.targets.attention import NAME, few_query_attention, reference_attention, use_for
 
 
@@ -57,7 +57,7 @@ def test_bf16_cpu_targets_switch_and_keep_their_logits(make, monkeypatch):
     and a tree pass give SDPA's logits up to bf16 rounding, sliding-window layers (Gemma-3) included."""
     assert not use_for(make().float())
     reference = make().to(torch.bfloat16)
-    ours = Target(make().to(torch.bfloat16))
+    ours = HFTarget(make().to(torch.bfloat16))
     assert ours.model.config._attn_implementation == NAME and reference.config._attn_implementation == "sdpa"
     import hyflash.targets.attention as attention
 
@@ -80,6 +80,6 @@ def test_bf16_cpu_targets_switch_and_keep_their_logits(make, monkeypatch):
 
 
 def test_float32_targets_are_untouched():
-    target = Target(tiny_llama())
+    target = HFTarget(tiny_llama())
     assert target.model.config._attn_implementation == "sdpa"
     assert not use_for(target.model)

@@ -6,7 +6,7 @@ import pytest
 
 from hyflash.bench.datasets import LONG_PREFIX_TOKENS, SETS, heldout_stdlib_modules, load_set
 from hyflash.errors import HyflashError
-from hyflash.training.prompts import split_of, stdlib_modules
+from hyflash.corpora import split_of, stdlib_modules
 
 from bench_fixtures import word_target
 

@@ -125,12 +125,12 @@ def test_demo_runs_side_by_side(capsys, smollm2_fp32):
     ],
 )
 def test_data_refuses_nonsense_numbers_before_loading(capsys, tmp_path, monkeypatch, option, value):
-    from hyflash.targets import Target
+    from hyflash.targets import HFTarget
 
     def no_load(*args, **kwargs):
         raise AssertionError("the model was loaded before the settings were checked")
 
-    monkeypatch.setattr(Target, "load", classmethod(no_load))
+    monkeypatch.setattr(HFTarget, "load", classmethod(no_load))
     out = tmp_path / "out"
     err = _error_line(capsys, ["data", option, value, "--out", str(out), "--no-progress"])
     assert option in err and value in err
@@ -148,9 +148,9 @@ def test_data_num_prompts_minus_one_exits_2_in_a_fresh_process(tmp_path):
 
 def test_drafter_info_weight_bytes_include_the_head_copy(capsys, tmp_path, monkeypatch, llama_target):
     from hyflash.drafters.loading import read_weights
-    from hyflash.targets import Target
+    from hyflash.targets import HFTarget
 
-    monkeypatch.setattr(Target, "load", classmethod(lambda cls, *args, **kwargs: llama_target))
+    monkeypatch.setattr(HFTarget, "load", classmethod(lambda cls, *args, **kwargs: llama_target))
     folder = tmp_path / "d"
     assert main(["drafter", "new", "--kind", "hyflash", "--draft-vocab", "40", "--model", "tiny",
                  "--out", str(folder)]) == 0
@@ -169,9 +169,9 @@ def test_drafter_info_weight_bytes_include_the_head_copy(capsys, tmp_path, monke
 
 def test_drafter_info_default_resolves_like_generate(capsys):
     from hyflash.drafters.cli import resolve_info_path
-    from hyflash.training.defaults import default_drafter_path
+    from hyflash.drafters.registry import shipped_drafter_path
 
-    shipped = str(default_drafter_path("smollm2-135m"))
+    shipped = str(shipped_drafter_path("smollm2-135m"))
     assert resolve_info_path("default", None) == (shipped, "smollm2-135m")
     assert resolve_info_path("default", "smollm2-135m") == (shipped, "smollm2-135m")
     assert resolve_info_path("some/dir", None) == ("some/dir", None)
@@ -185,9 +185,9 @@ def test_drafter_info_default_real_model(capsys, smollm2_fp32):
     info = json.loads(capsys.readouterr().out)
     assert info["model"] == "smollm2-135m" and info["dtype"] == "bfloat16"
     from hyflash.drafters.loading import read_config
-    from hyflash.training.defaults import default_drafter_path
+    from hyflash.drafters.registry import shipped_drafter_path
 
-    rows = read_config(default_drafter_path("smollm2-135m")).draft_vocab_size
+    rows = read_config(shipped_drafter_path("smollm2-135m")).draft_vocab_size
     head_copy = rows * 576 * 2  # the draft vocabulary's rows of the bf16 head
     assert info["weight_bytes_detail"]["head_copy"] == head_copy
     assert info["weight_bytes"] == info["weight_bytes_detail"]["saved_tensors"] + head_copy
@@ -195,7 +195,8 @@ def test_drafter_info_default_real_model(capsys, smollm2_fp32):
 
 
 def test_drafter_trim_keeps_the_most_frequent_ids_and_drafts_the_same_where_they_win(capsys, tmp_path, llama_target):
-    from hyflash.drafters.loading import load_drafter_for_target, read_config, read_weights
+    from hyflash.drafters.loading import read_config, read_weights
+    from hyflash.drafters.registry import load_drafter
     from hyflash.drafters.config import DrafterConfig
     from hyflash.drafters.model import DrafterModel
 
@@ -206,7 +207,7 @@ def test_drafter_trim_keeps_the_most_frequent_ids_and_drafts_the_same_where_they
     assert read_config(tmp_path / "t").draft_vocab_size == 12
     kept = read_weights(tmp_path / "t")["draft_vocab_ids"]
     assert torch.equal(kept, model.draft_vocab_ids[:12])
-    full, trimmed = (load_drafter_for_target(tmp_path / name, llama_target, int8=False) for name in ("d", "t"))
+    full, trimmed = (load_drafter(tmp_path / name, llama_target, int8=False) for name in ("d", "t"))
     g = torch.Generator().manual_seed(1)
     features = torch.randn(20, len(llama_target.feature_layers), llama_target.hidden_size, generator=g)
     tokens = torch.randint(0, llama_target.vocab_size, (20,), generator=g)
@@ -227,7 +228,7 @@ def test_drafter_trim_keeps_the_most_frequent_ids_and_drafts_the_same_where_they
 def test_calibrate_draws_its_plot_beside_the_cache_not_into_the_working_directory(tmp_path, monkeypatch):
     """`hyflash calibrate` used to write calibration.png into whatever folder it ran in (often a repository)."""
     import hyflash.calibration as calibration
-    from hyflash.calibration import CostCurve
+    from hyflash.costs import CostCurve
 
     drawn = []
     monkeypatch.setenv("HYFLASH_CACHE", str(tmp_path / "cache"))

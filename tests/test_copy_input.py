@@ -222,7 +222,7 @@ def test_training_grows_a_copy_input_on_an_init_drafter_and_learns_to_copy(llama
     made of repeats the trained drafter drafts copies outside its draft vocabulary, which D never could."""
     import json
 
-    from hyflash.drafters.loading import load_drafter_for_target
+    from hyflash.drafters.registry import load_drafter
     from hyflash.training.config import TrainConfig
     from hyflash.training.data import write_dataset
     from hyflash.training.train import train
@@ -238,7 +238,7 @@ def test_training_grows_a_copy_input_on_an_init_drafter_and_learns_to_copy(llama
                     anchors=8, block_size=4, max_length=64, lr=3e-2, warmup_steps=2, save_every=40, log_every=10,
                     autocast=False, save_dtype="float32", plot=False, eval_prompts=0)
     drafter_dir = train(TrainConfig(out=str(tmp_path / "run"), **settings), progress=False, target=llama_target)
-    trained = load_drafter_for_target(drafter_dir, llama_target)
+    trained = load_drafter(drafter_dir, llama_target)
     assert trained.model.config.copy_ngram == 3
     records = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert records[-1]["acc_by_slot"][0] > 0.8  # slot 1 copies (the base drafter's vocabulary has 8 of 97 ids)

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from hyflash.distill import credit, losses
+from hyflash import credit
+from hyflash.distill import losses
 from hyflash.errors import HyflashError
 
 

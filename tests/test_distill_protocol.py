@@ -17,10 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from hyflash.distill import credit, losses, reach, tasks
-from hyflash.distill.protocol import best_learning_rate, grid_score, pick_layers, rate_past_the_edge
-from hyflash.distill.report import build_summary, results_table
-from hyflash.distill.scales import SCALES, get_scale
+from experiments.reopold import reach
+from experiments.reopold.__main__ import main as reopold_main
+from experiments.reopold.protocol import best_learning_rate, grid_score, pick_layers, rate_past_the_edge
+from experiments.reopold.report import build_summary, results_table
+from experiments.reopold.scales import SCALES, get_scale
+from hyflash import credit
+from hyflash.distill import losses, tasks
 from hyflash.errors import HyflashError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -162,7 +165,7 @@ def test_real_scales_meet_the_issue_bar_by_construction(name):
 
 
 def test_a_stage_stopped_by_an_error_still_counts_its_time(tmp_path):
-    from hyflash.distill.protocol import Experiment
+    from experiments.reopold.protocol import Experiment
 
     experiment = Experiment(tmp_path, get_scale("tiny"), progress=False)
 
@@ -239,7 +242,7 @@ def test_summary_fields_and_verdict_on_synthetic_runs(tmp_path):
 # ----- the trainer pieces the protocol relies on ------------------------------------------------------------
 def test_early_stop_and_safetensors_optimizer(tmp_path, monkeypatch):
     from hyflash.distill import trainer as trainer_module
-    from hyflash.distill.experiment import run_finished
+    from experiments.reopold.experiment import run_finished
     from hyflash.distill.student import load_model, save_tiny_model
 
     base = save_tiny_model(tmp_path / "base", layers=2)
@@ -293,10 +296,8 @@ def _train_logs(out: Path) -> dict:
 
 
 def test_tiny_run_killed_and_resumed_gives_the_same_summary(tmp_path):
-    from hyflash.cli import main
-
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    assert main(["reopold-experiment", "--out", str(straight), "--scale", "tiny", "--no-progress"]) == 0
+    assert reopold_main(["--out", str(straight), "--scale", "tiny", "--no-progress"]) == 0
     reference = json.loads((straight / "summary.json").read_text())
     assert set(REQUIRED) <= set(reference)
     assert reference["seeds_per_method"] == {m: [0, 1, 2] for m in SCALES["tiny"].methods}
@@ -308,7 +309,7 @@ def test_tiny_run_killed_and_resumed_gives_the_same_summary(tmp_path):
 
     # Kill a second run (SIGKILL, no clean-up) once its comparison runs have checkpointed, then resume it.
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "hyflash.cli", "reopold-experiment", "--out", str(killed),
+    proc = subprocess.Popen([sys.executable, "-m", "experiments.reopold", "--out", str(killed),
                              "--scale", "tiny", "--no-progress"], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     marker = killed / "runs" / "reopold-seed0" / "checkpoint" / "state.json"
@@ -323,19 +324,27 @@ def test_tiny_run_killed_and_resumed_gives_the_same_summary(tmp_path):
     step = json.loads(marker.read_text())["step"]
     with (marker.parent.parent / "train.jsonl").open("a") as f:
         f.write(json.dumps({"step": step + 1, "samples": 0, "entropy": 9.0}) + "\n" + '{"step": ')
-    assert main(["reopold-experiment", "--out", str(killed), "--scale", "tiny", "--no-progress"]) == 0
+    assert reopold_main(["--out", str(killed), "--scale", "tiny", "--no-progress"]) == 0
     assert _strip(json.loads((killed / "summary.json").read_text())) == _strip(reference)
     assert _train_logs(killed) == _train_logs(straight)
     # A finished experiment reruns as a no-op, and another scale in the same folder is refused.
-    assert main(["reopold-experiment", "--out", str(killed), "--scale", "tiny", "--no-progress"]) == 0
-    assert main(["reopold-experiment", "--out", str(killed), "--scale", "cpu", "--no-progress"]) == 2
+    assert reopold_main(["--out", str(killed), "--scale", "tiny", "--no-progress"]) == 0
+    assert reopold_main(["--out", str(killed), "--scale", "cpu", "--no-progress"]) == 2
+
+
+def test_the_old_hyflash_command_names_the_new_one(tmp_path, capsys):
+    """`hyflash reopold-experiment` left the library with the experiment: it runs nothing and says where it went."""
+    from hyflash.cli import main
+
+    assert main(["reopold-experiment", "--out", str(tmp_path), "--scale", "tiny"]) == 2
+    err = capsys.readouterr().err
+    assert "python -m experiments.reopold --out" in err and "--scale tiny" in err
+    assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_tiny_run_on_cuda(tmp_path):
-    from hyflash.cli import main
-
-    assert main(["reopold-experiment", "--out", str(tmp_path), "--scale", "tiny", "--device", "cuda",
+    assert reopold_main(["--out", str(tmp_path), "--scale", "tiny", "--device", "cuda",
                  "--no-progress"]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["scale"]["device"] == "cuda" and summary["seeds_per_method"]["opd"] == [0, 1, 2]
@@ -346,7 +355,7 @@ def test_a_raised_accuracy_target_continues_a_run_that_stopped_early(tmp_path):
     0.9; a run that reached the new target, or its last step, stays finished."""
     import json
 
-    from hyflash.distill.experiment import run_finished
+    from experiments.reopold.experiment import run_finished
 
     (tmp_path / "checkpoint").mkdir()
     state = tmp_path / "checkpoint" / "state.json"
@@ -364,11 +373,11 @@ def test_a_raised_accuracy_target_continues_a_run_that_stopped_early(tmp_path):
 def test_teacher_dtype_auto_scores_in_bf16_only_where_bf16_products_pay(tmp_path, monkeypatch, pays):
     # bf16 is emulated on AVX2 CPUs (several times slower there), native with AMX: the default follows the
     # machine's measurement, and a dtype given explicitly is kept whatever the machine.
-    from hyflash import calibration
+    from hyflash import machine
     from hyflash.distill import trainer as trainer_module
     from hyflash.distill.student import save_tiny_model
 
-    monkeypatch.setattr(calibration, "bf16_matmul_pays", lambda device: pays)
+    monkeypatch.setattr(machine, "bf16_matmul_pays", lambda device: pays)
     base = save_tiny_model(tmp_path / "base", layers=2)
 
     def teacher_dtype(**kw) -> torch.dtype:
@@ -386,7 +395,7 @@ def test_teacher_dtype_auto_scores_in_bf16_only_where_bf16_products_pay(tmp_path
 
 
 def test_bf16_pays_on_an_accelerator_and_auto_resolves_only_auto():
-    from hyflash.calibration import auto_dtype, bf16_matmul_pays
+    from hyflash.machine import auto_dtype, bf16_matmul_pays
 
     assert bf16_matmul_pays(torch.device("cuda")) is True  # decided without touching the device
     assert isinstance(bf16_matmul_pays(torch.device("cpu")), bool)

@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import tiny_llama
 
+from hyflash.corpora import humaneval_problems
 from hyflash.distill import rollout, tasks
 from hyflash.distill.student import char_tokenizer, save_model, truncate_layers
 from hyflash.distill.trainer import METHODS, DistillConfig, Trainer
@@ -42,7 +43,7 @@ def test_arithmetic_splits_are_disjoint_and_answers_check():
 
 
 def test_humaneval_runs_in_a_limited_subprocess():
-    problem = tasks.humaneval_problems()["HumanEval/0"]
+    problem = humaneval_problems()["HumanEval/0"]
     assert tasks.check_humaneval(problem, problem["canonical_solution"]).status == "passed"
     assert tasks.check_humaneval(problem, "    return False\n").status == "failed"
     assert tasks.check_humaneval(problem, "    while True:\n        pass\n", timeout=1.0).status == "timeout"
@@ -65,7 +66,7 @@ def test_humaneval_pass_at_1_scores_canonical_solutions_1_and_wrong_ones_0(monke
 
     from hyflash.distill import trainer
 
-    problems = tasks.humaneval_problems()
+    problems = humaneval_problems()
     by_prompt = {p["prompt"]: p["canonical_solution"] for p in problems.values()}
     wrong = set()
 

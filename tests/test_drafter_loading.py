@@ -12,12 +12,12 @@ from test_drafter_model import make, sequence
 from hyflash.cli import main
 from hyflash.decoding import generate
 from hyflash.drafters.config import KINDS
-from hyflash.drafters.loading import load_drafter_for_target
+from hyflash.drafters.registry import load_drafter
 from hyflash.drafters.model import DrafterModel
 from hyflash.drafters.state import DrafterState
 from hyflash.errors import HyflashError
 from hyflash.sampling import SamplingConfig
-from hyflash.targets import Target
+from hyflash.targets import HFTarget
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ def test_save_load_round_trip(llama_target, saved):
     expected = model.train_forward(features, tokens, anchors)
     torch.testing.assert_close(loaded.train_forward(features, tokens, anchors), expected)
     model.save_pretrained(path)  # saving over an existing folder replaces it atomically
-    assert isinstance(load_drafter_for_target(path, llama_target), DrafterState)
+    assert isinstance(load_drafter(path, llama_target), DrafterState)
 
 
 def _corrupt(path, what):
@@ -76,7 +76,7 @@ def _corrupt(path, what):
 def test_unreadable_checkpoints_fail_clearly(llama_target, saved, what, needle):
     path = _corrupt(saved[1], what)
     with pytest.raises(HyflashError, match=needle) as info:
-        load_drafter_for_target(path, llama_target)
+        load_drafter(path, llama_target)
     assert "\n" not in str(info.value)
 
 
@@ -86,15 +86,15 @@ def test_unreadable_checkpoints_fail_clearly(llama_target, saved, what, needle):
      (dict(layers=6), None, "layer count 4"), ({}, (1, 2), r"feature layers \[1\], but .* has \[1, 2\]")],
 )
 def test_wrong_target_names_the_mismatch(saved, target_kwargs, feature_layers, needle):
-    other = Target(tiny_llama(**target_kwargs), feature_layers=feature_layers, name="other")
+    other = HFTarget(tiny_llama(**target_kwargs), feature_layers=feature_layers, name="other")
     with pytest.raises(HyflashError, match=needle):
-        load_drafter_for_target(saved[1], other)
+        load_drafter(saved[1], other)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_untrained_drafters_keep_greedy_output_exact(llama_target, tmp_path, kind):
     model = make(llama_target, dtype=torch.float32, kind=kind, memory_rule="gated_delta")
-    drafter = load_drafter_for_target(model.save_pretrained(tmp_path / kind), llama_target)
+    drafter = load_drafter(model.save_pretrained(tmp_path / kind), llama_target)
     prompt = torch.randint(0, llama_target.vocab_size, (23,), generator=torch.Generator().manual_seed(2))
     plain = generate(llama_target, prompt, None, max_new_tokens=40)
     spec = generate(llama_target, prompt, drafter, max_new_tokens=40)
@@ -105,7 +105,7 @@ def test_untrained_drafters_keep_greedy_output_exact(llama_target, tmp_path, kin
 
 
 def test_cli_new_and_info(llama_target, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(Target, "load", classmethod(lambda cls, *args, **kwargs: llama_target))
+    monkeypatch.setattr(HFTarget, "load", classmethod(lambda cls, *args, **kwargs: llama_target))
     out = tmp_path / "d"
     assert main(["drafter", "new", "--kind", "hyflash", "--window", "8", "--memory", "delta", "--block-size", "5",
                  "--model", "tiny", "--out", str(out)]) == 0
@@ -130,7 +130,7 @@ def test_untrained_drafters_on_the_real_model(smollm2_fp32, tmp_path):
     for kind in KINDS:
         out = tmp_path / kind
         assert main(["drafter", "new", "--kind", kind, "--window", "16", "--out", str(out)]) == 0
-        spec = generate(smollm2_fp32, prompt, load_drafter_for_target(out, smollm2_fp32), max_new_tokens=12)
+        spec = generate(smollm2_fp32, prompt, load_drafter(out, smollm2_fp32), max_new_tokens=12)
         assert spec.tokens == plain.tokens, kind
 
 
@@ -138,8 +138,8 @@ def test_int8_drafter_is_cheaper_close_and_lossless(llama_target, saved):
     """CPU inference quantises the drafter's weights (never the target's): its logits stay close to the float
     drafter's, its weights shrink, and greedy output is still exactly plain decoding."""
     _, path = saved
-    exact = load_drafter_for_target(path, llama_target, int8=False)
-    int8 = load_drafter_for_target(path, llama_target, int8=True)
+    exact = load_drafter(path, llama_target, int8=False)
+    int8 = load_drafter(path, llama_target, int8=True)
     assert int8.model.int8_head is not None and exact.model.int8_head is None
     prompt = list(range(3, 40))
     out = llama_target.prefill(torch.tensor(prompt))
@@ -151,3 +151,34 @@ def test_int8_drafter_is_cheaper_close_and_lossless(llama_target, saved):
     assert (l_exact - l_int8).abs().max() < 0.1 * l_exact.abs().max()
     plain = generate(llama_target, prompt, None, max_new_tokens=20)
     assert generate(llama_target, prompt, int8, max_new_tokens=20).tokens == plain.tokens
+
+
+def test_a_training_run_folder_is_a_drafter_spec(tmp_path, monkeypatch, capsys):
+    """`hyflash train --out RUN` saves its drafter to RUN/drafter and says so; `--drafter RUN` must then work
+    as well as `--drafter RUN/drafter` (it failed with "RUN has no config.json")."""
+    from bench_fixtures import word_target
+
+    from hyflash.drafters import registry
+    from hyflash.drafters.loading import TRAINED_SUBFOLDER, read_config
+
+    target = word_target()
+    model_dir = tmp_path / "model"
+    target.model.save_pretrained(model_dir)  # a real folder, so the model's config can be read before loading
+    monkeypatch.setattr(HFTarget, "load", classmethod(lambda cls, *args, **kwargs: target))
+    run = tmp_path / "run"
+    model = make(target, dtype=torch.float32)
+    model.save_pretrained(run / TRAINED_SUBFOLDER)
+    assert registry.resolve_spec(str(run), "tiny") == str(run / TRAINED_SUBFOLDER)
+    assert registry.needs_features(str(run), "tiny") and not registry.needs_features("ngram", "tiny")
+    assert read_config(run) == model.config
+    drafter = registry.build_drafter(str(run), target)
+    assert isinstance(drafter, DrafterState) and drafter.config == model.config
+    prompt = ["--prompt", "def add ( a , b ) : return a + b", "--no-chat", "--max-new-tokens", "6",
+              "--dtype", "float32", "--no-adaptive", "--model", str(model_dir)]
+    assert main(["generate", *prompt, "--drafter", str(run), "--json"]) == 0
+    via_run = json.loads(capsys.readouterr().out)
+    assert main(["generate", *prompt, "--drafter", "none", "--json"]) == 0
+    assert via_run["tokens"] == json.loads(capsys.readouterr().out)["tokens"]  # lossless, and it did run
+    assert via_run["target_passes"] <= 6
+    with pytest.raises(HyflashError, match="no drafter folder"):
+        registry.build_drafter(str(tmp_path / "nowhere"), target)

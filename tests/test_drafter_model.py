@@ -10,7 +10,7 @@ from hyflash.drafters.config import KINDS, DrafterConfig
 from hyflash.drafters.model import DrafterModel
 from hyflash.drafters.state import DrafterState
 from hyflash.sampling import SamplingConfig
-from hyflash.targets import Target
+from hyflash.targets import HFTarget
 
 # Small sizes that still cross every boundary: window 8, chunks of 4, blocks of 5, two layers.
 SMALL = dict(window=8, chunk_size=4, block_size=5, num_heads=2, head_dim=8, num_layers=2)
@@ -22,7 +22,7 @@ CASES = [("full", "gated_delta"), ("local", "gated_delta")] + [
 @pytest.fixture(scope="module")
 def llama3_target(llama_target):
     """The tiny Llama read at three feature layers (the default for 4 layers is just one)."""
-    return Target(llama_target.model, feature_layers=(1, 2, 4), name="tiny-llama-3-features")
+    return HFTarget(llama_target.model, feature_layers=(1, 2, 4), name="tiny-llama-3-features")
 
 
 def make(target, dtype=torch.float64, seed=0, **overrides):
@@ -227,7 +227,7 @@ def varied_llama():
             if "norm" in name:
                 p.uniform_(0.5, 1.5)
     model.config.rope_parameters = {"rope_type": "default", "rope_theta": 50000.0}
-    return Target(model, name="tiny-llama-varied")
+    return HFTarget(model, name="tiny-llama-varied")
 
 
 @pytest.mark.parametrize("width", [64, 128])

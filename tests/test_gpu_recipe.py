@@ -1,4 +1,4 @@
-"""scripts/gpu_recipe.sh (the H200 data + training + bench recipe) end to end at TINY size on the CPU: a tiny
+"""experiments/gpu-recipe/recipe.sh (the H200 data + training + bench recipe) end to end at TINY size on the CPU: a tiny
 random Llama with SmolLM2's tokenizer goes through every stage (data, training with held-out tau, bench,
 scaling plot), a rerun resumes without redoing finished stages, and bad input stops with a clear message.
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_recipe.sh"
+SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "gpu-recipe" / "recipe.sh"
 
 
 def _env(cache: Path, **extra) -> dict:
@@ -83,7 +83,7 @@ def test_tiny_recipe_runs_every_stage_and_resumes(tmp_path, cache):
 
 def test_bad_input_is_refused_with_a_clear_message(tmp_path, cache):
     usage = subprocess.run(["bash", str(SCRIPT)], env=_env(cache), capture_output=True, text=True, timeout=30)
-    assert usage.returncode == 2 and "usage: scripts/gpu_recipe.sh OUTDIR" in usage.stderr
+    assert usage.returncode == 2 and "usage: experiments/gpu-recipe/recipe.sh OUTDIR" in usage.stderr
     bad = _run(tmp_path / "bad", _env(cache, TINY="yes"), timeout=30)
     assert bad.returncode == 1 and "TINY must be 0 or 1" in bad.stderr
     import torch

@@ -4,7 +4,6 @@ SCALE=tiny script path end to end on a tiny random model."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -15,26 +14,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from experiments.kinds import anchor_context_share as anchor_share
+from experiments.kinds import summarize
 from hyflash.errors import HyflashError
 from hyflash.training.batches import anchor_context_stats, training_batches
 from hyflash.training.data import TokenDataset, write_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "kinds_grid.sh"
-COLLECT = ROOT / "docs" / "results" / "kinds" / "collect.sh"
+SCRIPT = ROOT / "experiments" / "kinds" / "grid.sh"
+COLLECT = ROOT / "experiments" / "kinds" / "collect.sh"
 SETS = ["humaneval", "code", "long-2k", "long-4k", "long-8k"]
 LENGTHS = {"humaneval": 150, "code": 1024, "long-2k": 2048, "long-4k": 4096, "long-8k": 8192}
-
-
-def _load(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-summarize = _load(ROOT / "docs" / "results" / "kinds" / "summarize.py", "kinds_summarize")
-anchor_share = _load(ROOT / "scripts" / "anchor_context_share.py", "anchor_context_share")
 
 
 # ----- synthetic bench results -------------------------------------------------------------------------------
@@ -335,13 +325,13 @@ def _tiny_model_and_data(folder: Path) -> tuple[Path, Path]:
     from conftest import tiny_llama
     from transformers import AutoTokenizer
 
-    from hyflash.targets import Target, resolve_model_path
+    from hyflash.targets import HFTarget, resolve_model_path
 
     tok = AutoTokenizer.from_pretrained(resolve_model_path("smollm2-135m"))
     model = tiny_llama(vocab=len(tok))
     model.save_pretrained(folder / "model")
     tok.save_pretrained(folder / "model")
-    target = Target(model, tok, name="tiny")
+    target = HFTarget(model, tok, name="tiny")
     prompts = torch.randint(0, len(tok), (6, 90), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         out = model.generate(prompts, max_new_tokens=30, do_sample=False, pad_token_id=0)
@@ -381,14 +371,14 @@ def test_tiny_scale_runs_end_to_end_and_resumes(tmp_path):
     again = _script(out, **env)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("finished, skipped") == 2 and "bench: finished with the same command" in again.stdout
-    # The committed copy: summary, claims, the bench and each run's logs, no weights.
+    # The committed copy: summary, claims, the bench and each run's configs and curves; no weights, no raw logs.
     docs = tmp_path / "docs"
     collected = subprocess.run(["bash", str(COLLECT), str(out)], env={**os.environ, "DEST": str(docs)},
                                capture_output=True, text=True, timeout=30)
     assert collected.returncode == 0, collected.stderr
     assert json.loads((docs / "summary.json").read_text()) == summary and (docs / "grid/bench/results.json").exists()
     assert sorted(p.name for p in (docs / "grid/runs").iterdir()) == ["full-d1-s0", "hyflash-d1-s0"]
-    assert not list(docs.rglob("*.safetensors"))
+    assert not list(docs.rglob("*.safetensors")) and not list(docs.rglob("*.jsonl")) and not list(docs.rglob("*.log"))
     # A second bench of the same grid goes beside the first; the same drafters in two benches are refused.
     def collect(*args):
         return subprocess.run(["bash", str(COLLECT), str(out), *args], env={**os.environ, "DEST": str(docs)},

@@ -19,7 +19,7 @@ from hyflash.targets import load_target
 llama_cpp = pytest.importorskip(
     "llama_cpp", reason="llama-cpp-python is not installed (pip install llama-cpp-python==0.3.36)"
 )
-from hyflash.targets.llamacpp import llama_cpp_peer  # noqa: E402 (needs llama_cpp)
+from hyflash.targets.llamacpp_build import llama_cpp_peer  # noqa: E402 (needs llama_cpp)
 
 PROMPTS = [
     "Write a Python function that reverses a string.",
@@ -96,8 +96,7 @@ def _speculation_is_exact_at_long_context(target) -> None:
     from pathlib import Path
 
     import hyflash.decoding
-    from hyflash.drafters.loading import load_drafter_for_target
-    from hyflash.training.defaults import default_drafter_path
+    from hyflash.drafters.registry import load_drafter, shipped_drafter_path
 
     ids = target.tokenizer.encode(Path(hyflash.decoding.__file__).read_text()[:4000])[:600]
     block = _random_block(target, 8, 3)
@@ -106,7 +105,7 @@ def _speculation_is_exact_at_long_context(target) -> None:
     target.rollback(len(ids))
     assert torch.equal(batched, torch.cat([target.score([t]).logits for t in block]))
     plain = generate(target, ids, None, max_new_tokens=48)
-    shipped = load_drafter_for_target(default_drafter_path("smollm2-135m"), target)
+    shipped = load_drafter(shipped_drafter_path("smollm2-135m"), target)
     for drafter in (NgramDrafter(block_size=8), shipped):
         spec = generate(target, ids, drafter, max_new_tokens=48)
         assert spec.tokens == plain.tokens, type(drafter).__name__
@@ -125,7 +124,7 @@ def test_at_one_thread_speculation_is_exact_at_long_context(lcpp):
 @pytest.mark.slow
 def test_at_two_threads_the_default_kv_cache_keeps_speculation_exact():
     """At 2+ threads a one-token pass over 512+ cells of an F16 K and V splits the cells across threads and
-    rounds differently from a block pass (up to ~0.9 logits, docs/results/llamacpp/kv_cache.md); the
+    rounds differently from a block pass (up to ~0.9 logits, experiments/llamacpp/kv_cache.md); the
     default q8_0 K takes llama.cpp off that path, so the text stays exactly plain text."""
     if os.environ.get("HYFLASH_SKIP_REAL_MODEL"):
         pytest.skip("HYFLASH_SKIP_REAL_MODEL is set")
@@ -212,10 +211,9 @@ def test_the_borrowed_embedding_and_head(lcpp, smollm2_fp32):
 @pytest.mark.slow
 def test_the_shipped_drafter_runs_on_llama_cpp_features_losslessly(lcpp):
     """A drafter trained on transformers features borrows this backend's head and reads its features."""
-    from hyflash.drafters.loading import load_drafter_for_target
-    from hyflash.training.defaults import default_drafter_path
+    from hyflash.drafters.registry import load_drafter, shipped_drafter_path
 
-    drafter = load_drafter_for_target(default_drafter_path("smollm2-135m"), lcpp)
+    drafter = load_drafter(shipped_drafter_path("smollm2-135m"), lcpp)
     ids = lcpp.encode_prompt(PROMPTS[0])
     plain = generate(lcpp, ids, None, max_new_tokens=40)
     spec = generate(lcpp, ids, drafter, max_new_tokens=40)
@@ -373,7 +371,7 @@ def test_llama_cpp_prompt_lookup_handles_prompts_longer_than_a_batch(lcpp):
 @pytest.mark.slow
 def test_calibration_is_keyed_by_backend_and_file(lcpp, tmp_path, monkeypatch):
     from hyflash.calibration import cache_path, calibrate, machine_key
-    from hyflash.targets.llamacpp import file_fingerprint
+    from hyflash.targets.llamacpp_build import file_fingerprint
 
     monkeypatch.setenv("HYFLASH_CACHE", str(tmp_path))
     ours, theirs = machine_key("smollm2-135m", "auto", lcpp), machine_key("smollm2-135m", "auto")
@@ -392,7 +390,7 @@ def test_calibration_is_keyed_by_backend_and_file(lcpp, tmp_path, monkeypatch):
 
 
 def test_file_fingerprint_reads_the_content(tmp_path):
-    from hyflash.targets.llamacpp import file_fingerprint
+    from hyflash.targets.llamacpp_build import file_fingerprint
 
     a, b, c = (tmp_path / n for n in "abc")
     body = os.urandom(3 << 20)
@@ -460,7 +458,8 @@ def test_the_kv_cache_types_auto_picks_and_explicit_ones_win(lcpp):
     """auto: q8_0 K where that was measured to make passes batch-invariant (Q4_1 on any build, F16 and Q8_0 on a
     build without llamafile's sgemm), llama.cpp's own F16/F16 elsewhere (with llamafile an F16 file rounds
     differently anyway, and a q8_0 K only costs there); explicit types win."""
-    from hyflash.targets.llamacpp import LLAMA_CPP_CACHE, LlamaCppTarget, default_cache_types, matmul_kernels
+    from hyflash.targets.llamacpp import LlamaCppTarget
+    from hyflash.targets.llamacpp_build import LLAMA_CPP_CACHE, default_cache_types, matmul_kernels
 
     assert lcpp.precision == "Q4_1" and lcpp.cache_types == default_cache_types("Q4_1") == ("q8_0", "f16")
     assert default_cache_types("Q4_1", "llamafile") == default_cache_types("Q4_1", "ggml") == ("q8_0", "f16")
@@ -468,7 +467,7 @@ def test_the_kv_cache_types_auto_picks_and_explicit_ones_win(lcpp):
     assert default_cache_types("F16", "ggml") == default_cache_types("Q8_0", "ggml") == ("q8_0", "f16")
     assert default_cache_types("Q8_0", "llamafile") == default_cache_types("Q5_K - Medium", "ggml") == LLAMA_CPP_CACHE
     assert default_cache_types("F16") == default_cache_types("F16", matmul_kernels())
-    assert lcpp.calibration_identity()["kernels"] == matmul_kernels()
+    assert lcpp.identity()["kernels"] == matmul_kernels()
     explicit = LlamaCppTarget.load("smollm2-135m", n_threads=1, record_features=False, cache_type_k="f16")
     assert explicit.cache_types == ("f16", "f16")
     with pytest.raises(HyflashError, match="unknown KV cache type"):

@@ -10,7 +10,8 @@ from drafters_for_tests import RandomDrafter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hyflash.calibration import CostCurve, calibrate, measure_target
+from hyflash.calibration import calibrate, measure_target
+from hyflash.costs import CostCurve
 from hyflash.decoding import generate
 from hyflash.drafters.base import Draft
 from hyflash.drafters.hybrid import HybridDrafter

@@ -16,7 +16,7 @@ from hyflash import sampling as sampling_module
 from hyflash.decoding import generate
 from hyflash.errors import HyflashError
 from hyflash.sampling import SamplingConfig, argmax, logits_to_probs, verify_block
-from hyflash.targets import Target
+from hyflash.targets import HFTarget
 
 
 def test_config_rejects_bad_values():
@@ -80,7 +80,7 @@ def _chi_square(counts: dict, expected: dict, n: int) -> tuple[float, int]:
     return stat, bins - 1
 
 
-def _exact_sequence_probs(target: Target, prompt: list[int], length: int, sampling: SamplingConfig) -> dict:
+def _exact_sequence_probs(target: HFTarget, prompt: list[int], length: int, sampling: SamplingConfig) -> dict:
     """Probability of every continuation of `length` tokens under the warped target (small vocab)."""
     seqs = list(itertools.product(range(target.vocab_size), repeat=length))
     ids = torch.tensor([prompt + list(s) for s in seqs])
@@ -93,7 +93,7 @@ def _exact_sequence_probs(target: Target, prompt: list[int], length: int, sampli
 
 @pytest.fixture(scope="module")
 def small_vocab_target():
-    return Target(tiny_llama(seed=3, vocab=6, hidden=16, layers=2), name="tiny-vocab6")
+    return HFTarget(tiny_llama(seed=3, vocab=6, hidden=16, layers=2), name="tiny-vocab6")
 
 
 def _sample_counts(target, prompt, length, sampling, runs, policy=None, events=None, drafter=None):
@@ -116,7 +116,7 @@ def _sample_counts(target, prompt, length, sampling, runs, policy=None, events=N
 def _steep_curve():
     """A cost curve on which verifying 1, 2 or 3 drafts each pays only at some acceptance levels, so an
     adaptive policy that learns as it goes verifies different lengths from run to run."""
-    from hyflash.calibration import CostCurve
+    from hyflash.costs import CostCurve
 
     return CostCurve("tiny", "float32", [0], [[10.0, 14.0, 15.0, 16.0, 17.0]])
 

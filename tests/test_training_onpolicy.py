@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hyflash.distill.credit import CreditConfig
+from hyflash.credit import CreditConfig
 from hyflash.training import onpolicy
 from hyflash.training.onpolicy import (
     OnPolicyConfig,
@@ -40,9 +40,9 @@ def test_onpolicy_tensors_stay_on_the_target_device(family):
     CPU test fails wherever a device move is missing (as a CUDA run would)."""
     import conftest
 
-    from hyflash.targets import Target
+    from hyflash.targets import HFTarget
 
-    target = Target(getattr(conftest, family)().to("meta"), name="meta")
+    target = HFTarget(getattr(conftest, family)().to("meta"), name="meta")
     logits = torch.randn(2, 3, 4, target.vocab_size, device="meta")
     picks, log_q, entropy = sample_drafts(logits, 1.0, None)
     tokens, anchors = torch.randint(0, 90, (2, 30)), torch.tensor([[3, 11, 20], [0, 9, 25]])  # on the CPU

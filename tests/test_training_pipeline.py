@@ -18,7 +18,7 @@ from hyflash.training.batches import draft_vocab_from_counts, epoch_order, make_
 from hyflash.training.config import TrainConfig
 from hyflash.training.data import TokenDataset, write_dataset
 from hyflash.training.losses import SlotWeights, position_weights, slot_hits, weighted_ce, weighted_kl
-from hyflash.training.prompts import build_prompts, split_of
+from hyflash.corpora import build_prompts, split_of
 
 MODULE_SOURCE = '''
 import os
@@ -208,18 +208,19 @@ def test_slot_weights_exp_and_survival():
 def test_new_settings_are_train_flags():
     import argparse
 
-    from hyflash.training.cli import _from_args, add_cli
+    from hyflash.flags import dataclass_from_flags
+    from hyflash.training.cli import add_cli
 
     parser = argparse.ArgumentParser()
     add_cli(parser.add_subparsers())
     args = parser.parse_args(["train", "--data", "d", "--init-from-target", "--slot-weights", "survival"])
-    config = _from_args(TrainConfig, args, data=args.data)
+    config = dataclass_from_flags(TrainConfig, args, data=args.data)
     assert config.init_from_target and config.slot_weights == "survival"
-    plain = _from_args(TrainConfig, parser.parse_args(["train", "--data", "d"]), data=["d"])
+    plain = dataclass_from_flags(TrainConfig, parser.parse_args(["train", "--data", "d"]), data=["d"])
     assert not plain.init_from_target and plain.slot_weights == "exp"
     assert plain.autocast is None  # measured at the start of the run
     for flag, value in (("--autocast", True), ("--no-autocast", False)):
-        assert _from_args(TrainConfig, parser.parse_args(["train", "--data", "d", flag]), data=["d"]).autocast is value
+        assert dataclass_from_flags(TrainConfig, parser.parse_args(["train", "--data", "d", flag]), data=["d"]).autocast is value
 
 
 @pytest.mark.parametrize("pays", [True, False])
@@ -312,7 +313,7 @@ def test_checkpoint_round_trip_and_refusals(llama_target, tmp_path):
 
 
 def test_short_run_with_feature_cache_resume_guard_and_kl(llama_target, tmp_path):
-    from hyflash.drafters.loading import load_drafter_for_target
+    from hyflash.drafters.registry import load_drafter
     from hyflash.training.train import train
 
     _tiny_data(llama_target, tmp_path / "d")
@@ -322,7 +323,7 @@ def test_short_run_with_feature_cache_resume_guard_and_kl(llama_target, tmp_path
     assert len(cached) == 12  # every sequence's features were cached in epoch 0 and read in epoch 1
     records = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4, 5, 6]
-    assert load_drafter_for_target(drafter_dir, llama_target).block_size == 4
+    assert load_drafter(drafter_dir, llama_target).block_size == 4
     with pytest.raises(HyflashError, match="--resume"):
         train(config, progress=False, target=llama_target)
     kl = _small_run(tmp_path / "d", tmp_path / "run-kl", loss="kl", steps=2)
@@ -357,11 +358,11 @@ def test_run_initialised_from_target_with_survival_weights(llama_target, tmp_pat
 
 
 def test_default_drafter_resolution():
-    from hyflash.training.defaults import DEFAULT_DRAFTERS, default_drafter_path
+    from hyflash.drafters.registry import SHIPPED_DRAFTERS, shipped_drafter_path
 
     with pytest.raises(HyflashError, match="no default drafter"):
-        default_drafter_path("gemma3-270m")
-    assert "smollm2-135m" in DEFAULT_DRAFTERS
+        shipped_drafter_path("gemma3-270m")
+    assert "smollm2-135m" in SHIPPED_DRAFTERS
 
 
 def _tokenizer_or_skip():
@@ -380,12 +381,12 @@ def test_build_dataset_resumes_extends_and_records_features(fake_stdlib, tmp_pat
     """The real SmolLM2 tokenizer (chat template included) on a tiny random model of the same vocabulary."""
     from conftest import tiny_llama
 
-    from hyflash.targets import Target
+    from hyflash.targets import HFTarget
     from hyflash.training.data import DataConfig, build_dataset, read_manifest
     from hyflash.training.features import FeatureCache, teacher_features
 
     tok = _tokenizer_or_skip()
-    target = Target(tiny_llama(vocab=len(tok)), tok, name="tiny-smol")
+    target = HFTarget(tiny_llama(vocab=len(tok)), tok, name="tiny-smol")
     cfg = DataConfig(num_prompts=5, max_new_tokens=5, batch_size=2, shard_prompts=2, source_root=str(fake_stdlib),
                      sampled_fraction=0.5, dtype="float32")
     out = tmp_path / "data"
@@ -494,10 +495,10 @@ def test_features_of_a_sequence_do_not_depend_on_its_batch(llama_target, tmp_pat
 @pytest.mark.parametrize("family", ["llama_target", "gemma_target"])
 def test_teacher_features_keep_only_the_feature_layers(request, family, monkeypatch):
     """The hook recorder gives what `output_hidden_states` does (fp32), without asking for every layer."""
-    from hyflash.targets import Target
+    from hyflash.targets import HFTarget
     from hyflash.training.features import teacher_features
 
-    target = Target(request.getfixturevalue(family).model, feature_layers=(0, 1, 3, 4), name="four-features")
+    target = HFTarget(request.getfixturevalue(family).model, feature_layers=(0, 1, 3, 4), name="four-features")
     tokens = torch.randint(0, 90, (2, 20), generator=torch.Generator().manual_seed(2))
     lengths = torch.tensor([14, 20])
     mask = (torch.arange(20)[None] < lengths[:, None]).long()
@@ -633,15 +634,15 @@ def test_features_computed_in_float32_are_filed_for_the_bfloat16_run(tmp_path, m
     8,207-token ones for an 8,192-token SmolLM2; a prefill refused them)."""
     from conftest import tiny_llama
 
-    from hyflash.targets import Target
+    from hyflash.targets import HFTarget
     from hyflash.training import train as train_module
     from hyflash.training.features import FeatureCache, batch_features
 
-    fp32 = Target(tiny_llama(), name="tiny-llama")
-    bf16 = Target(tiny_llama().to(torch.bfloat16), name="tiny-llama")
+    fp32 = HFTarget(tiny_llama(), name="tiny-llama")
+    bf16 = HFTarget(tiny_llama().to(torch.bfloat16), name="tiny-llama")
     fp32.max_context = bf16.max_context = 32  # sequence 0 has 40 tokens
     loaded = []
-    monkeypatch.setattr(Target, "load", classmethod(lambda cls, model, dtype: loaded.append(dtype) or fp32))
+    monkeypatch.setattr(HFTarget, "load", classmethod(lambda cls, model, dtype: loaded.append(dtype) or fp32))
     data, _ = _cropped_data(bf16, tmp_path / "d")
     config = TrainConfig(model="tiny", dtype="bfloat16", feature_compute_dtype="float32")
     source = train_module.feature_source(config, bf16, data)
@@ -665,7 +666,7 @@ def test_features_computed_in_float32_are_filed_for_the_bfloat16_run(tmp_path, m
 def test_train_step_speed_refuses_bad_settings_before_loading_anything(tmp_path, capsys):
     import importlib.util
 
-    path = Path(__file__).resolve().parent.parent / "scripts" / "train_step_speed.py"
+    path = Path(__file__).resolve().parent.parent / "experiments" / "training-speed" / "train_step_speed.py"
     spec = importlib.util.spec_from_file_location("train_step_speed", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

@@ -27,9 +27,9 @@ def _tiny_target():
     sys.path.insert(0, str(HERE))
     from conftest import tiny_llama
 
-    from hyflash.targets import Target
+    from hyflash.targets import HFTarget
 
-    return Target(tiny_llama(), name="tiny-llama")
+    return HFTarget(tiny_llama(), name="tiny-llama")
 
 
 def _write_data(folder: Path) -> None:

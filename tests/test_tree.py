@@ -150,7 +150,7 @@ LOOP = settings(max_examples=5, deadline=None, suppress_health_check=[HealthChec
 
 
 def curve(costs):
-    from hyflash.calibration import CostCurve
+    from hyflash.costs import CostCurve
 
     return CostCurve("m", "float32", [0], [list(costs)])
 
@@ -208,6 +208,6 @@ def test_tree_sampling_in_the_loop_matches_the_target(small_vocab):
 def small_vocab():
     from conftest import tiny_llama
 
-    from hyflash.targets import Target
+    from hyflash.targets import HFTarget
 
-    return Target(tiny_llama(seed=3, vocab=6, hidden=16, layers=2), name="tiny-vocab6")
+    return HFTarget(tiny_llama(seed=3, vocab=6, hidden=16, layers=2), name="tiny-vocab6")

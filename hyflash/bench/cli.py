@@ -6,6 +6,7 @@ import shlex
 import sys
 
 from hyflash.errors import HyflashError
+from hyflash.flags import MODEL_HELP, add_engine_args, target_options
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -27,8 +28,6 @@ def add_cli(sub) -> None:
     from hyflash.bench.methods import BUILTIN_METHODS
 
     p = sub.add_parser("bench", help="benchmark decoding methods side by side on held-out sets")
-    from hyflash.cli import MODEL_HELP, add_engine_args
-
     p.add_argument("--model", default="smollm2-135m", help=MODEL_HELP)
 
     add_engine_args(p)
@@ -64,6 +63,30 @@ def add_cli(sub) -> None:
                    "run only what it lacks (a stopped bench, or one grown by new --drafter folders)")
     p.add_argument("--report-only", metavar="RESULTS_JSON", help="redraw table and plots from a results.json")
     p.set_defaults(handler=cmd_bench)
+    add_train_eval(sub)
+
+
+def add_train_eval(sub) -> None:
+    """`hyflash train-eval` (the name it had beside `hyflash train`): HumanEval tau and speed-up of one drafter."""
+    p = sub.add_parser(
+        "train-eval",
+        help="benchmark a drafter on HumanEval chat prompts: tau and speed-up vs plain decoding (JSON + markdown)",
+    )
+    p.add_argument("--drafter", default="default", help="default | PATH to a drafter folder (or a `hyflash train --out` folder)")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--n", type=int, default=20, help="how many HumanEval problems (evenly spaced over the 164)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--exact-n", type=int, default=10, help="problems to compare against plain decoding in fp32")
+    p.add_argument("--out", default="runs/train-eval", help="folder for humaneval.json / humaneval.md")
+    p.add_argument("--threads", type=int, default=0)
+    p.set_defaults(handler=cmd_train_eval)
+
+
+def cmd_train_eval(args) -> int:
+    from hyflash.bench.humaneval import run_humaneval_benchmark
+
+    run_humaneval_benchmark(args)
+    return 0
 
 
 def cmd_bench(args) -> int:
@@ -80,7 +103,6 @@ def cmd_bench(args) -> int:
         return 0
 
     from hyflash.bench.run import BenchConfig, quick, run_bench
-    from hyflash.cli import target_options
 
     config = BenchConfig(
         model=args.model, backend=args.backend, dtype=args.dtype, adaptive=args.adaptive,

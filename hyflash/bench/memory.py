@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import torch
 
+from hyflash.drafters.config import DrafterConfig
+from hyflash.drafters.model import DrafterModel
+from hyflash.drafters.state import DrafterState
+
 
 def draft_memory_sweep(
     drafters: dict[str, object], target, contexts: list[int], chunk: int = 256, seed: int = 0
@@ -53,10 +57,6 @@ def untrained_kinds(target, kinds, depths, dtype: torch.dtype | None = None) -> 
     Bytes held depend on the configuration, not on the weights, so the memory claim (bounded, >= 10x less
     than `full` at 8k) can be measured for every kind before any of them is trained.
     """
-    from hyflash.drafters.config import DrafterConfig
-    from hyflash.drafters.model import DrafterModel
-    from hyflash.drafters.state import DrafterState
-
     out = {}
     for depth in depths:
         for kind in kinds:

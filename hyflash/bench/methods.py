@@ -15,16 +15,21 @@ A method that cannot run on this target or install says why (`unavailable`) and 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import resource
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import torch
 
 from hyflash.decoding import generate
+from hyflash.drafters import registry
 from hyflash.errors import HyflashError
 from hyflash.sampling import SamplingConfig
+from hyflash.targets import gguf_path
 
 try:  # current RSS; the peak comes from getrusage, which needs nothing installed
     import psutil
@@ -198,8 +203,6 @@ class HFMethod(Method):
 
 def target_gguf(target):
     """The GGUF file of the model `target` runs: its own file on llama.cpp, else a built-in model's shipped one."""
-    from hyflash.targets import gguf_path
-
     return getattr(target, "path", None) or gguf_path(target.name)
 
 
@@ -236,7 +239,8 @@ class LlamaCppMethod(Method):
         if self._llm is None:
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-            from hyflash.targets.llamacpp import BATCH, DEFAULT_N_CTX, llama_cpp_peer
+            from hyflash.targets.llamacpp import BATCH, DEFAULT_N_CTX
+            from hyflash.targets.llamacpp_build import llama_cpp_peer
 
             draft = None if not self.prompt_lookup_tokens else LlamaPromptLookupDecoding(
                 max_ngram_size=self.max_matching_ngram, num_pred_tokens=self.prompt_lookup_tokens)
@@ -287,15 +291,13 @@ def build_methods(names, drafters: dict[str, str], target, pld_tokens: int = 10,
 
     Drafters load lazily (on first use) so a broken folder fails its own method, not the whole setup.
     """
-    from hyflash.cli import build_drafter
-
     factories: dict[str, Callable[[], Method]] = {
         "plain": lambda: LoopMethod("plain", lambda: None, measure_target_kv=True),
         "hf-plain": lambda: HFMethod("hf-plain"),
         "hf-prompt-lookup": lambda: HFMethod("hf-prompt-lookup", prompt_lookup_tokens=pld_tokens),
         "llamacpp-plain": lambda: LlamaCppMethod("llamacpp-plain"),
         "llamacpp-prompt-lookup": lambda: LlamaCppMethod("llamacpp-prompt-lookup", prompt_lookup_tokens=pld_tokens),
-        "ngram": lambda: LoopMethod("ngram", lambda: build_drafter("ngram", target, block_size=ngram_block),
+        "ngram": lambda: LoopMethod("ngram", lambda: registry.build_drafter("ngram", target, block_size=ngram_block),
                                     policy=make_policy()),
     }
     methods = []
@@ -315,19 +317,13 @@ def build_methods(names, drafters: dict[str, str], target, pld_tokens: int = 10,
 def _load_drafter(spec: str, target):
     """What `generate --drafter SPEC` runs (for 'default': the hybrid build_drafter makes), except that a
     missing shipped drafter is an error here instead of a quiet n-gram fall-back."""
-    from hyflash.cli import build_drafter
-
     folder = _drafter_folder(spec, target)
-    return build_drafter("default" if spec == "default" else folder, target)
+    return registry.build_drafter("default" if spec == "default" else folder, target)
 
 
 def drafter_identity(spec: str, target) -> dict:
     """Which drafter a result is about: its folder, configuration and a hash of its weights (a shipped
     drafter is replaced when it is retrained, so the folder name alone does not say which one ran)."""
-    import hashlib
-    import json
-    from pathlib import Path
-
     folder = Path(_drafter_folder(spec, target))
     out: dict = {"spec": spec, "folder": str(folder)}
     if (folder / "config.json").exists():
@@ -340,6 +336,4 @@ def drafter_identity(spec: str, target) -> dict:
 def _drafter_folder(spec: str, target) -> str:
     """'default' must mean the shipped drafter: build_drafter's quiet fall-back to the n-gram drafter would
     benchmark n-gram under the name of the trained drafter."""
-    from hyflash.training.defaults import resolve_drafter_spec
-
-    return resolve_drafter_spec(spec, target.name)
+    return registry.resolve_spec(spec, target.name)

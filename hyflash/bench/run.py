@@ -21,16 +21,17 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections import Counter
 import os
 import platform
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 import torch
 
+from hyflash import engine
 from hyflash.bench.datasets import SETS, load_set
 from hyflash.bench.memory import draft_memory_sweep, param_count, untrained_kinds
 from hyflash.bench.methods import (
@@ -41,9 +42,10 @@ from hyflash.bench.methods import (
     build_methods,
     drafter_identity,
 )
-from hyflash.calibration import cpu_description
 from hyflash.errors import HyflashError
 from hyflash.files import atomic_write_json
+from hyflash.machine import cpu_description
+from hyflash.policy import PolicyConfig, SpeculationPolicy
 from hyflash.sampling import SamplingConfig
 
 PLAIN, HF_PLAIN, HF_PLD = "plain", "hf-plain", "hf-prompt-lookup"
@@ -187,9 +189,6 @@ def run_bench(
     resume: keep the matching records of out_dir's results.json and run only what it lacks (module doc)."""
     if config.threads:
         torch.set_num_threads(config.threads)
-    from hyflash import engine
-    from hyflash.policy import PolicyConfig, SpeculationPolicy
-
     started = time.time()
     if target is None:
         # Calibrated for (and, on llama.cpp, recording features for) the first trained drafter, else n-gram.

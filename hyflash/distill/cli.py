@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+import shlex
+
 from hyflash.errors import HyflashError
 
 
@@ -61,62 +64,27 @@ def add_cli(sub) -> None:
 
 
 def _add_experiment_cli(sub) -> None:
-    from hyflash.distill.scales import SCALES
-
-    p = sub.add_parser(
-        "reopold-experiment",
-        help="the decisive REOPOLD vs OPD sample-efficiency experiment (fine-tuned teacher, probed student, "
-        "LR grid, 3 seeds per method, bootstrap CIs); resumable",
-        description="Runs every stage of the protocol in docs/reopold.md into --out, skipping finished stages "
-        "and resuming unfinished runs, then writes summary.json, results.md and accuracy_entropy.png.",
-    )
-    p.add_argument("--out", required=True, help="experiment folder (run the same command again to resume)")
-    p.add_argument("--scale", default="cpu", choices=list(SCALES),
-                   help="tiny: seconds, for tests; cpu: a few hours on 2 cores; gpu: one H200, under 9 minutes")
-    p.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None,
-                   help="override the scale's device (e.g. --scale tiny --device cuda: a CUDA smoke test)")
-    p.add_argument("--report-only", action="store_true", help="only rewrite the summary, table and plot")
-    p.add_argument("--keep-checkpoints", action="store_true",
-                   help="keep the weights of finished runs (by default only their logs and state are kept)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    # The REOPOLD experiment moved to experiments/reopold (issue 38: the library carries no experiments); the old
+    # command stays as a pointer so that scripts and habits get one clear line instead of "invalid choice".
+    # prefix_chars="+": the old flags (--out ...) are not options here but words to pass on (argparse's REMAINDER
+    # refuses a first word that looks like an option).
+    p = sub.add_parser("reopold-experiment", help="moved: python -m experiments.reopold (docs/reopold.md)",
+                       description="Moved out of the library: run `python -m experiments.reopold` from the root of "
+                       "a hyflash checkout, with the same flags.", prefix_chars="+", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="the experiment's flags (python -m experiments.reopold -h)")
     p.set_defaults(handler=cmd_reopold_experiment)
 
 
 def cmd_reopold_experiment(args) -> int:
-    import dataclasses
-    from pathlib import Path
-
-    import torch
-
-    from hyflash.distill.protocol import Experiment
-    from hyflash.distill.report import write_report
-    from hyflash.distill.scales import get_scale
-
-    scale = get_scale(args.scale)
-    if args.device:
-        scale = dataclasses.replace(scale, device=args.device)
-    if scale.threads:
-        torch.set_num_threads(scale.threads)
-    if scale.device != "cpu":
-        torch.set_float32_matmul_precision("high")  # TF32 matmuls: the fp32 training passes run ~2-4x faster
-    out = Path(args.out)
-    if args.report_only:
-        if not (out / "scale.json").exists():
-            raise HyflashError(f"{out} holds no experiment to report on: run without --report-only first")
-        summary = write_report(out, scale)
-    else:
-        summary = Experiment(out, scale, progress=not args.no_progress, keep_checkpoints=args.keep_checkpoints).run()
-    print(f"teacher {summary['teacher_accuracy']}, start {summary['start_accuracy']}, seeds "
-          f"{summary['seeds_per_method']}; samples-to-reach ratio {summary['samples_to_reach_ratio']} "
-          f"CI {summary['samples_to_reach_ratio_ci']}, within_one_third {summary['within_one_third']}, "
-          f"direction {summary['direction']}; bar met: {summary['bar']['met']}. Written to {out}/summary.json")
-    return 0
+    command = " ".join(["python -m experiments.reopold", *(shlex.quote(a) for a in args.rest)])
+    raise HyflashError(f"reopold-experiment moved out of the library: from the root of a hyflash checkout, run "
+                       f"`{command}` (docs/reopold.md)")
 
 
 def cmd_distill(args) -> int:
     import torch
 
-    from hyflash.distill.experiment import plot_runs
+    from hyflash.distill.plots import plot_runs
     from hyflash.distill.trainer import DistillConfig, Trainer
 
     if args.threads:

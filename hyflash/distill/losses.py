@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from hyflash.distill.credit import (
+from hyflash.credit import (
     CreditConfig,
     importance_weight,
     reopold_credit,
@@ -141,10 +141,6 @@ def generalized_jsd(student_logits, teacher_logits, valid, beta: float = 0.5) ->
 
 def skew_reverse_kl(student_logits, teacher_logits, valid, alpha: float = 0.1) -> torch.Tensor:
     return _chunked_divergence(student_logits, teacher_logits, valid, lambda s, t: _skew_rkl_rows(s, t, alpha))
-
-
-def forward_kl(student_logits, teacher_logits, valid) -> torch.Tensor:
-    return _chunked_divergence(student_logits, teacher_logits, valid, lambda s, t: _kl_rows(t, s))
 
 
 def reverse_kl(student_logits, teacher_logits, valid) -> torch.Tensor:

@@ -16,7 +16,7 @@ from pathlib import Path
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hyflash.errors import HyflashError
-from hyflash.targets import DTYPES, Target, resolve_model_path
+from hyflash.targets import DTYPES, HFTarget, resolve_model_path
 
 FIRST_LAYERS = re.compile(r"^first-(\d+)(?::(.+))?$")
 
@@ -47,7 +47,7 @@ def load_model(spec: str, dtype: str = "float32"):
         base, tokenizer = load_model(m.group(2) or "smollm2-135m", dtype)
         return truncate_layers(base, int(m.group(1))), tokenizer
     if spec in ("smollm2-135m", "gemma3-270m"):  # built-ins convert once through the target adapter
-        target = Target.load(spec, dtype=dtype)
+        target = HFTarget.load(spec, dtype=dtype)
         return target.model, target.tokenizer
     path = resolve_model_path(spec)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])

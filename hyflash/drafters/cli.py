@@ -56,9 +56,9 @@ def cmd_new(args) -> int:
     import torch
 
     from hyflash.drafters.model import DrafterModel
-    from hyflash.targets import Target
+    from hyflash.targets import HFTarget
 
-    target = Target.load(args.model, dtype="float32")
+    target = HFTarget.load(args.model, dtype="float32")
     config = DrafterConfig.for_target(
         target,
         kind=args.kind,
@@ -115,11 +115,11 @@ def resolve_info_path(spec: str, model: str | None) -> tuple[str, str | None]:
     `model` (the default model when none is given), as `generate --drafter default` resolves it."""
     if spec != "default":
         return spec, model
+    from hyflash.drafters.registry import resolve_spec
     from hyflash.targets import DEFAULT_MODEL
-    from hyflash.training.defaults import resolve_drafter_spec
 
     model = model or DEFAULT_MODEL
-    return resolve_drafter_spec(spec, model), model
+    return resolve_spec(spec, model), model
 
 
 def weight_bytes(model) -> dict:
@@ -136,7 +136,7 @@ def weight_bytes(model) -> dict:
 def cmd_info(args) -> int:
     from hyflash.drafters.loading import read_config
     from hyflash.drafters.model import DrafterModel
-    from hyflash.targets import Target
+    from hyflash.targets import HFTarget
 
     lengths = _contexts(args.context)
     path, model_name = resolve_info_path(args.path, args.model)
@@ -144,7 +144,7 @@ def cmd_info(args) -> int:
     model_name = model_name or config.target_name
     if not model_name:
         raise HyflashError(f"{path} does not record its target: pass --model")
-    target = Target.load(model_name, dtype=args.dtype)
+    target = HFTarget.load(model_name, dtype=args.dtype)
     model = DrafterModel.from_pretrained(path, target)
     weights = weight_bytes(model)
     memory = {n: measure_draft_memory(model, n) for n in lengths}

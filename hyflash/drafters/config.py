@@ -114,7 +114,7 @@ class DrafterConfig:
     # ----- construction --------------------------------------------------------------------------------
     @classmethod
     def for_target(cls, target, **overrides) -> "DrafterConfig":
-        """A config for `target` (a hyflash.targets.Target): signature filled in, sizes resolved."""
+        """A config for `target` (a hyflash.targets.BaseTarget): signature filled in, sizes resolved."""
         sig = target.signature()
         config = cls(
             target_name=str(getattr(target, "name", "")),

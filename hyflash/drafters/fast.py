@@ -1,6 +1,6 @@
 """The draft step with few operations: one block, batch 1, at inference only.
 
-Measured on the llama.cpp backend (docs/results/llamacpp/draft_cost.md): right after a target pass a draft
+Measured on the llama.cpp backend (experiments/llamacpp/draft_cost.md): right after a target pass a draft
 costs about twice what back-to-back drafts cost, because the pass evicts the drafter's weights from the
 caches (~0.1 ms per MB of int8 weights read back), and the general `DrafterModel.blocks_forward` runs ~560
 torch operations per draft (11 Linears, RoPE rebuilt per call, views of [B, A, S, ...] shapes). `FastDraft`

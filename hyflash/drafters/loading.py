@@ -6,46 +6,48 @@ Every failure a user can meet is a one-line HyflashError naming the problem and 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
 from hyflash.drafters.config import DrafterConfig
 from hyflash.errors import HyflashError
+from hyflash.files import replace_folder, temporary_folder_beside
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 FORMAT = "hyflash-drafter"  # marks config.json as ours
+TRAINED_SUBFOLDER = "drafter"  # where `hyflash train --out RUN` saves its drafter: RUN/drafter
 NEW_HINT = "create one with `hyflash drafter new --kind hyflash --out DIR` (or train one)"
 
 
 def write_checkpoint(path, config: DrafterConfig, tensors: dict[str, torch.Tensor]) -> Path:
-    """Write atomically: into a temporary sibling folder, then rename over `path`."""
-    from safetensors.torch import save_file
-
+    """Write atomically: into a temporary sibling folder, then swapped in over `path`."""
     path = Path(path).expanduser()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}-"))
-    old = None
+    tmp = temporary_folder_beside(path)
     try:
         save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp / WEIGHTS_FILE))
         (tmp / CONFIG_FILE).write_text(json.dumps({"format": FORMAT, **config.to_dict()}, indent=2) + "\n")
-        if path.exists():
-            old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}-old-"))
-            os.replace(path, old / path.name)
-        os.replace(tmp, path)
+        replace_folder(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+def drafter_folder(path) -> Path:
+    """The drafter folder `path` names: the folder itself, or the drafter inside a `hyflash train --out` folder
+    (TRAINED_SUBFOLDER), so that `--drafter RUN` works as well as `--drafter RUN/drafter`."""
+    path = Path(path).expanduser()
+    if not (path / CONFIG_FILE).is_file() and (path / TRAINED_SUBFOLDER / CONFIG_FILE).is_file():
+        return path / TRAINED_SUBFOLDER
     return path
 
 
 def read_config(path) -> DrafterConfig:
-    path = Path(path).expanduser()
+    path = drafter_folder(path)
     if not path.is_dir():
         raise HyflashError(f"no drafter folder at {path}: check the path, or {NEW_HINT}")
     file = path / CONFIG_FILE
@@ -64,10 +66,7 @@ def read_config(path) -> DrafterConfig:
 
 
 def read_weights(path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    file = Path(path).expanduser() / WEIGHTS_FILE
+    file = drafter_folder(path) / WEIGHTS_FILE
     if not file.is_file():
         raise HyflashError(f"{Path(path)} has no {WEIGHTS_FILE}: the save was incomplete; re-save or recreate it")
     try:
@@ -101,17 +100,3 @@ def inference_dtype(target) -> torch.dtype:
     """The drafter runs in float32 on CPUs: it is small, and bf16 matmuls of several rows are 3-5x slower
     than fp32 on CPUs without native bf16 (AVX2). On accelerators it follows the target."""
     return torch.float32 if target.device.type == "cpu" else target.dtype
-
-
-def load_drafter_for_target(path, target, int8: bool | None = None):
-    """The inference-time drafter stored at `path`, checked against `target` (used by `generate --drafter`).
-
-    int8 (default: on CPUs) quantises the drafter's weights, never the target's: drafts get cheaper, the
-    output stays exactly the target's."""
-    from hyflash.drafters.model import DrafterModel
-    from hyflash.drafters.state import DrafterState
-
-    state = DrafterState(DrafterModel.from_pretrained(path, target, dtype=inference_dtype(target)))
-    if int8 if int8 is not None else target.device.type == "cpu":
-        state.quantize_int8()
-    return state

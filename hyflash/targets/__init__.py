@@ -1,7 +1,7 @@
 """Targets: one interface (base.BaseTarget), two backends.
 
-`Target` is the transformers backend (hf.py; `Target.load(name, dtype)`), kept under its old name because
-training, the bench and the tests use it directly. `LlamaCppTarget` (llamacpp.py) runs GGUF files through
+`HFTarget` is the transformers backend (hf.py; `HFTarget.load(name, dtype)`): training, the bench and the
+tests use it directly. `LlamaCppTarget` (llamacpp.py) runs GGUF files through
 llama-cpp-python; it is imported lazily, so the package works without llama-cpp-python installed.
 `load_target(model, dtype, backend)` picks one.
 """
@@ -19,7 +19,7 @@ from hyflash.targets.base import (
     default_feature_layers,
     gguf_path,
 )
-from hyflash.targets.hf import DTYPES, PREFILL_CHUNK, FeatureRecorder, Target, resolve_model_path
+from hyflash.targets.hf import DTYPES, PREFILL_CHUNK, FeatureRecorder, HFTarget, hf_identity, resolve_model_path
 
 BACKENDS = ("transformers", "llama.cpp")
 # The llama.cpp backend's KV cache element types, by llama.cpp's names (its -ctk / -ctv) -> ggml_type ids;
@@ -28,8 +28,8 @@ CACHE_TYPES = {"f16": 1, "q8_0": 8, "bf16": 30}
 
 __all__ = [
     "BACKENDS", "BUILTIN_MODELS", "CACHE_TYPES", "DEFAULT_MODEL", "DTYPES", "PREFILL_CHUNK", "BaseTarget",
-    "FeatureRecorder", "Target", "TargetOutput", "builtin_gguf", "cache_root", "default_feature_layers", "gguf_path",
-    "check_options", "load_target", "resolve_model_path",
+    "FeatureRecorder", "HFTarget", "TargetOutput", "builtin_gguf", "cache_root", "default_feature_layers", "gguf_path",
+    "check_options", "identity", "load_target", "resolve_model_path",
 ]
 
 
@@ -39,6 +39,13 @@ def check_options(backend: str, options: dict) -> None:
         flags = ", ".join("--" + key.replace("_", "-") for key in options)
         verb, them = ("apply", "them") if len(options) > 1 else ("applies", "it")
         raise HyflashError(f"{flags} {verb} to the llama.cpp backend only: add --backend llama.cpp or drop {them}")
+
+
+def identity(dtype: str, target: BaseTarget | None = None) -> dict:
+    """What, besides the CPU and the model, makes a measurement of a target valid (calibration's cache key):
+    a loaded target's own `identity()`; with none loaded, the transformers backend's for `dtype`, which needs
+    nothing loaded (versions only), so a cached curve is found without loading the model."""
+    return target.identity() if target is not None else hf_identity(dtype)
 
 
 def load_target(
@@ -60,7 +67,7 @@ def load_target(
     """
     check_options(backend, options)
     if backend == "transformers":
-        return Target.load(model, dtype=dtype, feature_layers=feature_layers)
+        return HFTarget.load(model, dtype=dtype, feature_layers=feature_layers)
     if backend == "llama.cpp":
         if dtype not in ("auto", None):
             raise HyflashError(

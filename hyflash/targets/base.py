@@ -10,7 +10,7 @@ Features are hidden states of a few target layers, indexed like transformers' `h
 output of decoder layer i-1 (index 0 is the embedding output, index num_layers the final norm's output).
 Both backends use this convention, so a drafter trained on one backend's features reads the other's.
 
-Two implementations: `hf.Target` (transformers; training and any HF model) and `llamacpp.LlamaCppTarget`
+Two implementations: `hf.HFTarget` (transformers; training and any HF model) and `llamacpp.LlamaCppTarget`
 (llama.cpp through llama-cpp-python; GGUF files, fast CPU decoding).
 """
 
@@ -120,6 +120,16 @@ class BaseTarget(ABC):
     def precision(self) -> str:
         """What the target computes in, for reports: a torch dtype name, or a GGUF's quantisation."""
         return str(self.dtype).removeprefix("torch.")
+
+    @abstractmethod
+    def identity(self) -> dict:
+        """What, besides the CPU and the model, makes a measurement of this target valid (a calibration cache
+        key): its backend, library versions and the settings that change a pass's cost."""
+
+    def numbers_identity(self) -> dict | None:
+        """What, besides `signature()` and the dtype, changes the numbers this target computes (a feature
+        cache's key); None: nothing (the transformers backend computes what the weights and dtype say)."""
+        return None
 
     def signature(self) -> dict:
         """What a drafter must match to be used with this target."""

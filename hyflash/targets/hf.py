@@ -2,29 +2,30 @@
 
 Nothing here is model-specific. The adapter owns one key/value cache (batch 1); features are recorded by
 forward hooks on the feature layers. It is the backend for training (it exposes `model`) and for non-GGUF
-models; `Target.load` converts a built-in model's GGUF once into safetensors.
+models; `HFTarget.load` converts a built-in model's GGUF once into safetensors.
 """
 
 from __future__ import annotations
 
 import os
-from contextlib import nullcontext
 import shutil
 import tempfile
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.utils import logging as hf_logging
 
 from hyflash.errors import HyflashError
-from hyflash.targets.base import (  # noqa: F401 - re-exported: older code imports them from here
+from hyflash.targets.attention import NAME as ATTENTION_NAME
+from hyflash.targets.attention import use_for
+from hyflash.targets.base import (
     BUILTIN_MODELS,
     DEFAULT_MODEL,
     BaseTarget,
     TargetOutput,
-    _gemma3_gguf,
-    _smollm2_gguf,
     builtin_gguf,
     cache_root,
     default_feature_layers,
@@ -119,14 +120,19 @@ class FeatureRecorder:
         return torch.stack([torch.cat(parts, dim=1) for parts in self.calls], dim=2)
 
 
-class Target(BaseTarget):
-    """A causal LM with a batch-1 cache. Build with `Target.load(...)` or wrap an existing model."""
+def hf_identity(dtype: str) -> dict:
+    """The transformers backend's part of a calibration key for `dtype` (see HFTarget.identity)."""
+    # The attention a bf16 CPU target runs (see targets/attention.py): curves of the old kernel are stale.
+    attention = ATTENTION_NAME if dtype in ("bfloat16", "float16") else "sdpa"
+    return {"backend": "transformers", "transformers": transformers.__version__, "attention": attention}
+
+
+class HFTarget(BaseTarget):
+    """A causal LM with a batch-1 cache. Build with `HFTarget.load(...)` or wrap an existing model."""
 
     backend = "transformers"
 
     def __init__(self, model, tokenizer=None, feature_layers: tuple[int, ...] | None = None, name: str = ""):
-        from hyflash.targets.attention import use_for
-
         self.model = model.eval()
         use_for(self.model)  # bf16 on CPU: few-query passes skip SDPA's slow bf16 kernel (see attention.py)
         self.tokenizer = tokenizer
@@ -144,7 +150,7 @@ class Target(BaseTarget):
     @classmethod
     def load(
         cls, name_or_path: str = DEFAULT_MODEL, dtype: str = "bfloat16", feature_layers=None
-    ) -> "Target":
+    ) -> "HFTarget":
         if dtype not in DTYPES:
             raise HyflashError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
         path = resolve_model_path(name_or_path)
@@ -156,6 +162,9 @@ class Target(BaseTarget):
             hf_logging.enable_progress_bar()
         tokenizer = AutoTokenizer.from_pretrained(path)
         return cls(model, tokenizer, feature_layers, name=name_or_path)
+
+    def identity(self) -> dict:
+        return hf_identity(self.precision)
 
     def _eos_ids(self) -> frozenset[int]:
         ids: set[int] = set()
@@ -221,7 +230,7 @@ class Target(BaseTarget):
     @torch.inference_mode()
     def score(self, ids, features: bool = True, tree=None) -> TargetOutput:
         """Run a block of tokens on top of the cache; logits/features for every block position (a draft tree
-        through a 4-D mask and explicit positions, see Target.score)."""
+        through a 4-D mask and explicit positions, see HFTarget.score)."""
         ids = torch.as_tensor(ids, dtype=torch.long, device=self.device)
         if self.cache_length + ids.shape[-1] > self.max_context:
             raise HyflashError(f"sequence would exceed the model's context of {self.max_context} tokens")

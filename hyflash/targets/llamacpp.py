@@ -42,15 +42,13 @@ from hyflash.targets.base import (
     default_feature_layers,
     gguf_path,
 )
-from hyflash.targets.llamacpp_build import (  # noqa: F401 (re-exported: the names scripts and tests import)
+from hyflash.targets.llamacpp_build import (
     FLASH_ATTN,
-    LLAMA_CPP_CACHE,
     default_cache_types,
     file_fingerprint,
     ggml_lib,
     init_backend,
     llama_cpp,
-    llama_cpp_peer,
     matmul_kernels,
     model_params,
 )
@@ -211,15 +209,15 @@ class LlamaCppTarget(BaseTarget):
         # below) a q-token pass gives bit for bit the logits of q one-token passes (any context, any thread
         # count); without it, passes of 8+ tokens differ by ~1-2% (argmax flips at q = 16). F16 files round
         # differently in multi-token matrix products at any setting, so near-ties can flip there
-        # (docs/results/llamacpp/batch_invariance.md). The price: with the eval callback, FA passes of 8-16
-        # tokens cost 1.3-1.5x more than without FA (docs/results/llamacpp/measure.md).
+        # (experiments/llamacpp/batch_invariance.md). The price: with the eval callback, FA passes of 8-16
+        # tokens cost 1.3-1.5x more than without FA (experiments/llamacpp/measure.md).
         cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
                                    else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         self.flash_attn = flash_attn
         # "auto" is K in q8_0 for a Q4_1 file because that makes speculative decoding exact on any thread
         # count: a one-token FA pass over 512+ cells with an F16 (or F32) K and V of one type splits the cells
         # across threads and merges partial sums, so it rounds differently from the multi-token pass that
-        # verifies a draft; with q8_0 K every pass takes the same per-row path (docs/results/llamacpp/
+        # verifies a draft; with q8_0 K every pass takes the same per-row path (experiments/llamacpp/
         # kv_cache.md: bit-identical at 2 threads, 300-1,000 tokens, where F16/F16 differs by up to 0.9
         # logits; see default_cache_types for other files). A plain llama.cpp run compared with this one must
         # use the same types, as the bench peers do (llama_cpp_peer).
@@ -314,7 +312,7 @@ class LlamaCppTarget(BaseTarget):
         parts = buf.value.decode(errors="replace").split(" ", 2)
         return parts[2] if len(parts) == 3 else "gguf"
 
-    def calibration_identity(self) -> dict:
+    def identity(self) -> dict:
         """What, besides the CPU, makes a cost curve of this target valid: llama.cpp's version and build (its
         matrix kernels), the file (a fingerprint, so a re-quantised file under the same name is measured
         afresh) and the settings that change a pass's cost (threads, flash attention, the eval callback, the
@@ -323,6 +321,10 @@ class LlamaCppTarget(BaseTarget):
                 "gguf": file_fingerprint(self.path),
                 "threads": self.threads, "flash_attn": self.flash_attn, "eval_callback": self.record_features,
                 "cache_types": list(self.cache_types)}
+
+    def numbers_identity(self) -> dict:
+        """The same model computes other numbers on llama.cpp: its build, file and settings (threads aside)."""
+        return {k: v for k, v in self.identity().items() if k != "threads"}
 
     # ----- frozen pieces drafters reuse (from the GGUF, dequantised once) --------------------------------
     def _weight(self, key: str) -> torch.Tensor:

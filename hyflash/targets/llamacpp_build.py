@@ -30,11 +30,11 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 FLASH_ATTN = True  # the default (see LlamaCppTarget.__init__); llama.cpp peers in the bench use the same
 LLAMA_CPP_CACHE = ("f16", "f16")  # llama.cpp's own default
 # Weight types whose multi-token passes were measured bit-identical to one-token passes once K is q8_0, by the
-# llama.cpp build's matrix products (docs/results/llamacpp/kv_cache*.md). With llamafile's sgemm (stock pip
+# llama.cpp build's matrix products (experiments/llamacpp/kv_cache*.md). With llamafile's sgemm (stock pip
 # builds) an F16 file's multi-token products round differently from its one-token ones whatever the cache,
 # and there a q8_0 K only costs (up to 15% a step), so it keeps llama.cpp's default; `make venv` builds
 # without llamafile, and then F16 and Q8_0 are exact too. Check another file with
-# docs/results/llamacpp/kv_cache.py.
+# experiments/llamacpp/kv_cache.py.
 EXACT_WITH_Q8_0_K = {"llamafile": frozenset({"Q4_1"}), "ggml": frozenset({"Q4_1", "Q8_0", "F16"})}
 _backend_ready = False
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from hyflash.drafters.config import DrafterConfig
 from hyflash.errors import HyflashError
 
 
@@ -131,8 +132,6 @@ def anchor_context_stats(dataset, steps: int, batch_size: int, num_anchors: int,
     the a tokens before it, so its context exceeds the window when a > window, and a memory drafter (hyflash)
     has folded tokens into its recurrent state when its memory start for a tokens is > 0 (a >= window +
     chunk_size). Counts the valid anchors of every step (`training_batches`); padded repeats are left out."""
-    from hyflash.drafters.config import DrafterConfig
-
     rule = DrafterConfig(kind="hyflash", window=window, chunk_size=chunk_size)
     contexts, long_source, padded = [], [], 0
     for _, _, batch in training_batches(dataset, steps, batch_size, num_anchors, block_size, max_length, seed):

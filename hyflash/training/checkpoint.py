@@ -27,6 +27,8 @@ import numpy as np
 import torch
 
 from hyflash.errors import HyflashError
+from hyflash.files import replace_folder
+from hyflash.optimizer_state import load_optimizer, optimizer_tensors
 
 _STEP_DIR = re.compile(r"^step-(\d{6,})$")
 FORMAT_VERSION = 1
@@ -44,30 +46,6 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
-    """Split the optimiser state into tensors (safetensors) and JSON-able scalars."""
-    state = optimizer.state_dict()
-    tensors, scalars = {}, {}
-    for index, slots in state["state"].items():
-        for name, value in slots.items():
-            if torch.is_tensor(value):
-                tensors[f"{index}.{name}"] = value.detach().contiguous()
-            else:
-                scalars[f"{index}.{name}"] = value
-    return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
-
-
-def _load_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], info: dict) -> None:
-    state: dict[int, dict] = {}
-    for key, value in tensors.items():
-        index, name = key.split(".", 1)
-        state.setdefault(int(index), {})[name] = value
-    for key, value in info["scalars"].items():
-        index, name = key.split(".", 1)
-        state.setdefault(int(index), {})[name] = value
-    optimizer.load_state_dict({"state": state, "param_groups": info["param_groups"]})
 
 
 def rng_snapshot() -> tuple[dict, torch.Tensor]:
@@ -107,7 +85,7 @@ def save_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     model_tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    opt_tensors, opt_info = _optimizer_tensors(optimizer)
+    opt_tensors, opt_info = optimizer_tensors(optimizer)
     rng_meta, torch_rng = rng_snapshot()
     save_file(model_tensors, str(tmp / "model.safetensors"))
     save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
@@ -126,9 +104,7 @@ def save_checkpoint(
         json.dump(meta, f)
         f.flush()
         os.fsync(f.fileno())
-    if final.exists():  # a re-run of the same step (e.g. after resuming from it): replace it
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    replace_folder(tmp, final)  # a re-run of the same step (e.g. after resuming from it) replaces it
     for old in list_checkpoints(root)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -181,7 +157,7 @@ def load_checkpoint(
         opt_tensors = load_file(str(path / "optimizer.safetensors"))
         torch_rng = load_file(str(path / "rng.safetensors"))["torch"]
         model.load_state_dict(model_tensors, strict=True)
-        _load_optimizer(optimizer, opt_tensors, meta["optimizer"])
+        load_optimizer(optimizer, opt_tensors, meta["optimizer"])
     except (SafetensorError, RuntimeError, KeyError, ValueError) as exc:
         raise HyflashError(f"checkpoint {path} does not fit this model ({str(exc).splitlines()[0]})") from exc
     if scheduler is not None and meta["scheduler"] is not None:

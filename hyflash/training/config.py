@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from hyflash.credit import CreditConfig
 from hyflash.errors import HyflashError
+from hyflash.training.onpolicy import OnPolicyConfig
 
 # Fields that do not change what is computed: they may differ between a run and its resumption.
 BOOKKEEPING = ("out", "save_every", "keep_checkpoints", "log_every", "eval_every", "eval_prompts",
@@ -133,8 +135,6 @@ class TrainConfig:
         """The on-policy settings as the objective's own config (None when the mode is off)."""
         if self.onpolicy_weight <= 0:
             return None
-        from hyflash.distill.credit import CreditConfig
-        from hyflash.training.onpolicy import OnPolicyConfig
 
         credit = CreditConfig(self.reward_floor, self.entropy_top_fraction, self.switch_step)
         return OnPolicyConfig(self.onpolicy_weight, self.onpolicy_temperature, credit,

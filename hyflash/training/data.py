@@ -26,9 +26,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hyflash.corpora import PROMPT_KINDS, Prompt, build_prompts
 from hyflash.errors import HyflashError
 from hyflash.files import atomic_write_bytes, atomic_write_json
-from hyflash.training.prompts import PROMPT_KINDS, Prompt, build_prompts
+from hyflash.targets import DTYPES, HFTarget
+from hyflash.training.features import FeatureCache, FeatureRecorder
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -128,8 +130,6 @@ def generate_batch(
     optionally the target's features of every prompt + continuation position ([len, nF, H]; the last
     token is never run through the target, so its row is zero; no training block reads it)."""
     from contextlib import nullcontext
-
-    from hyflash.training.features import FeatureRecorder
 
     model, tok = target.model, target.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else min(target.eos_token_ids, default=0)
@@ -251,9 +251,7 @@ def build_dataset(
         manifest = {"version": FORMAT_VERSION, "config": _config_fingerprint(config), "shards": [], "complete": False}
     prompts = select_prompts(config)
     if target is None:
-        from hyflash.targets import Target
-
-        target = Target.load(config.model, dtype=config.dtype)
+        target = HFTarget.load(config.model, dtype=config.dtype)
         if torch.cuda.is_available():  # as `hyflash train`: a GPU generates when there is one
             target.model.to("cuda")
     manifest["target"] = {"name": config.model, **target.signature()}
@@ -265,10 +263,6 @@ def build_dataset(
     # A shard is done if it holds all the prompts it should (the last one grows when num_prompts does).
     cache = None
     if feature_cache:
-        from hyflash.training.features import FeatureCache
-
-        from hyflash.targets import DTYPES
-
         cache = FeatureCache(Path(feature_cache), target, DTYPES[feature_dtype] if feature_dtype else None)
     done = {s["index"] for s in manifest["shards"] if s["index"] < n_shards and s["sequences"] == wanted(s["index"])}
     manifest["shards"] = [s for s in manifest["shards"] if s["index"] in done]

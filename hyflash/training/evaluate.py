@@ -1,142 +1,25 @@
-"""Measuring a drafter by real speculative decoding: held-out tau during training, and the HumanEval benchmark
-behind `hyflash train-eval` (tau and speed-up vs plain decoding in the same run, bf16; exactness in fp32).
+"""Measuring a drafter by real speculative decoding during training: held-out tau at each evaluation step.
+
+(The HumanEval benchmark of a finished drafter, `hyflash train-eval`, is bench/humaneval.py.)
 """
 
 from __future__ import annotations
 
-import json
-import platform
-import time
-from pathlib import Path
-
-import torch
-
-from hyflash.decoding import GenerationResult, generate
-from hyflash.training.defaults import resolve_drafter_spec
-
+from hyflash.decoding import generate, summarize
+from hyflash.drafters.model import DrafterModel
+from hyflash.drafters.state import DrafterState
 
 
 def inference_drafter(model, target):
     """A decoding-time drafter from a training model: a copy in the target's dtype (training keeps fp32)."""
-    from hyflash.drafters.model import DrafterModel
-    from hyflash.drafters.state import DrafterState
-
     copy = DrafterModel(model.config, target)
     copy.load_state_dict(model.state_dict())
     return DrafterState(copy.to(device=target.device, dtype=target.dtype).eval())
-
-
-def _summary(results: list[GenerationResult]) -> dict:
-    committed = sum(sum(r.committed_per_pass) for r in results)
-    passes = sum(len(r.committed_per_pass) for r in results)
-    drafted = [sum(x) for x in zip(*[r.drafted_by_position for r in results if r.drafted_by_position])] or [0]
-    accepted = [sum(x) for x in zip(*[r.accepted_by_position for r in results if r.accepted_by_position])] or [0]
-    tokens = sum(len(r.tokens) for r in results)
-    decode_time = sum(r.total_time - r.prefill_time for r in results)
-    return {
-        "tau": committed / max(1, passes),
-        "acceptance_by_position": [round(a / d, 4) if d else 0.0 for a, d in zip(accepted, drafted)],
-        "tokens": tokens,
-        "decode_seconds": decode_time,
-        "tokens_per_second": tokens / decode_time if decode_time > 0 else float("nan"),
-        "draft_seconds": sum(r.draft_time for r in results),
-        "draft_memory_bytes": max((r.draft_memory_bytes for r in results), default=0),
-    }
 
 
 def heldout_tau(model, target, prompts: list[list[int]], max_new_tokens: int) -> dict:
     """Greedy speculative decoding of held-out prompts with the current weights."""
     drafter = inference_drafter(model, target)
     results = [generate(target, ids, drafter, max_new_tokens=max_new_tokens) for ids in prompts]
-    out = _summary(results)
+    out = summarize(results)
     return {k: out[k] for k in ("tau", "acceptance_by_position", "tokens_per_second")}
-
-
-def humaneval_prompts(target, n: int) -> list[tuple[str, list[int]]]:
-    """n HumanEval tasks evenly spaced over the 164, chat-formatted: the benchmark's own set."""
-    from hyflash.bench.datasets import build_humaneval
-
-    return [(item.item_id, list(item.ids)) for item in build_humaneval(target, n, 0)]
-
-
-def compare(target, drafter, prompts, max_new_tokens: int) -> dict:
-    """Plain and speculative decoding of the same prompts, interleaved per prompt so that load changes on a
-    shared machine hit both alike. Greedy."""
-    plain, spec, identical, rows = [], [], 0, []
-    for task, ids in prompts:
-        p = generate(target, ids, None, max_new_tokens=max_new_tokens)
-        s = generate(target, ids, drafter, max_new_tokens=max_new_tokens)
-        plain.append(p)
-        spec.append(s)
-        same = p.tokens == s.tokens
-        identical += same
-        first_diff = next((i for i, (a, b) in enumerate(zip(p.tokens, s.tokens)) if a != b), None)
-        rows.append({"task": task, "tau": s.tau, "identical": same, "first_difference": first_diff,
-                     "plain_tok_s": p.tokens_per_second, "spec_tok_s": s.tokens_per_second})
-    plain_s, spec_s = _summary(plain), _summary(spec)
-    speedup = (plain_s["decode_seconds"] / max(1, plain_s["tokens"])) / (spec_s["decode_seconds"] / max(1, spec_s["tokens"]))
-    return {"plain": plain_s, "speculative": spec_s, "speedup": speedup, "identical": identical,
-            "prompts": len(prompts), "per_prompt": rows}
-
-
-def run_humaneval_benchmark(args) -> dict:
-    from hyflash.drafters.loading import load_drafter_for_target
-    from hyflash.targets import Target
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    path = Path(resolve_drafter_spec(args.drafter, args.model))
-    report = {"drafter": str(args.drafter), "drafter_path": str(path), "model": args.model,
-              "max_new_tokens": args.max_new_tokens, "greedy": True, "threads": torch.get_num_threads(),
-              "machine": platform.processor() or platform.machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
-    bf16 = Target.load(args.model, dtype="bfloat16")
-    drafter = load_drafter_for_target(path, bf16)
-    report["drafter_config"] = drafter.config.to_dict()
-    report["drafter_params"] = drafter.model.param_count()
-    prompts = humaneval_prompts(bf16, args.n)
-    generate(bf16, prompts[0][1], drafter, max_new_tokens=8)  # warm-up (first-call allocations)
-    report["bfloat16"] = compare(bf16, drafter, prompts, args.max_new_tokens)
-    del bf16, drafter
-    if args.exact_n:
-        fp32 = Target.load(args.model, dtype="float32")
-        drafter = load_drafter_for_target(path, fp32)
-        report["float32"] = compare(fp32, drafter, prompts[: args.exact_n], args.max_new_tokens)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "humaneval.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out / "humaneval.md").write_text(markdown_report(report))
-    print(markdown_report(report))
-    return report
-
-
-def markdown_report(r: dict) -> str:
-    b = r["bfloat16"]
-    lines = [
-        f"# HumanEval (chat), greedy, {r['max_new_tokens']} new tokens — drafter `{r['drafter']}`",
-        "",
-        f"Target {r['model']}; drafter {r['drafter_config']['kind']}, {r['drafter_config']['num_layers']} layer(s), "
-        f"block {r['drafter_config']['block_size']}, draft vocabulary {r['drafter_config']['draft_vocab_size']}, "
-        f"{r['drafter_params'] / 1e6:.2f} M trainable parameters; {r['threads']} torch threads; run {r['started']} UTC.",
-        "",
-        "| dtype | prompts | tau | plain tok/s | HyFlash tok/s | speed-up | identical to plain |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for name in ("bfloat16", "float32"):
-        if name in r:
-            x = r[name]
-            lines.append(
-                f"| {name} | {x['prompts']} | {x['speculative']['tau']:.2f} | {x['plain']['tokens_per_second']:.1f} | "
-                f"{x['speculative']['tokens_per_second']:.1f} | {x['speedup']:.2f}x | {x['identical']}/{x['prompts']} |"
-            )
-    acc = ", ".join(f"{a:.2f}" for a in b["speculative"]["acceptance_by_position"])
-    lines += [
-        "",
-        f"Acceptance by draft position (bf16): {acc}.",
-        f"Draft time {b['speculative']['draft_seconds']:.1f} s of {b['speculative']['decode_seconds']:.1f} s decoding; "
-        f"draft memory {b['speculative']['draft_memory_bytes'] / 1024:.0f} KiB.",
-        "",
-        "bf16 differences from plain decoding come from near-ties rounding differently in a multi-token pass;",
-        "fp32 is the exactness check. Reproduce: `hyflash train-eval` (see docs/training.md).",
-        "",
-    ]
-    return "\n".join(lines)

@@ -110,8 +110,8 @@ class FeatureCache:
     def __init__(self, root: Path, target, dtype: torch.dtype | None = None):
         self.dtype = dtype
         ident = {"target": target.signature(), "name": str(target.name), "dtype": str(dtype or target.dtype)}
-        if getattr(target, "backend", "transformers") != "transformers":  # the same model, other numbers
-            ident["backend"] = {k: v for k, v in target.calibration_identity().items() if k != "threads"}
+        if target.numbers_identity() is not None:  # the same model, other numbers
+            ident["backend"] = target.numbers_identity()
         key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
         self.folder = Path(root) / key
         self.folder.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@ which is exactly REOPOLD's token reward. Slot k only matters if the block surviv
 weighted by the survival probability prod_{j<k} min(1, exp(R_j)) (detached). The loss is REOPOLD's policy
 gradient on the drafter's own samples:
     -sum M * survival * Rhat * log q(d) / sum M
-with Rhat = max(R, floor) and M the entropy / phase mask of `hyflash.distill.credit` (the same rules the
+with Rhat = max(R, floor) and M the entropy / phase mask of `hyflash.credit` (the same rules the
 distillation trainer uses). It is mixed with the cross-entropy objective by the trainer.
 
 `objective="acceptance"` is the exact, sample-free alternative: the scoring pass yields the target's whole
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from hyflash.distill.credit import CreditConfig, reopold_credit, reward_quantiles
+from hyflash.credit import CreditConfig, reopold_credit, reward_quantiles
 
 
 @dataclass(frozen=True)

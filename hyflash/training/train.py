@@ -25,18 +25,24 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hyflash.calibration import bf16_matmul_pays
+from hyflash.corpora import build_prompts
 from hyflash.drafters.config import DrafterConfig
 from hyflash.drafters.copy import copy_labels
+from hyflash.drafters.loading import TRAINED_SUBFOLDER
+from hyflash.drafters.model import DrafterModel
 from hyflash.errors import HyflashError
+from hyflash.files import atomic_write_json
+from hyflash.machine import bf16_matmul_pays
+from hyflash.targets import HFTarget
 from hyflash.training import checkpoint as ckpt
+from hyflash.training import evaluate  # the module, not its names: tests replace evaluate.heldout_tau
 from hyflash.training.batches import draft_vocab_from_counts, training_batches
 from hyflash.training.config import TrainConfig
-from hyflash.files import atomic_write_json
 from hyflash.training.data import TokenDataset
 from hyflash.training.features import FeatureCache, batch_features
 from hyflash.training.losses import SlotWeights, expected_acceptance, slot_accuracy, slot_hits, weighted_ce, weighted_kl
 from hyflash.training.onpolicy import onpolicy_loss
+from hyflash.training.plots import plot_curves
 
 
 class _StepModule(nn.Module):
@@ -67,8 +73,6 @@ def _dist_info() -> tuple[int, int, int]:
 
 def build_drafter(config: TrainConfig, target, dataset: TokenDataset):
     """A fresh drafter (or one loaded from --init) with its draft vocabulary picked from the training data."""
-    from hyflash.drafters.model import DrafterModel
-
     if config.init:
         model = DrafterModel.from_pretrained(config.init, target, dtype=torch.float32)
         if config.copy_ngram and config.copy_ngram < model.config.copy_ngram:
@@ -101,8 +105,6 @@ def with_copy_input(model, copy_ngram: int, copy_gate: bool = False):
     weights at zero, so that it drafts exactly as before until trained. A copy input that grows to longer
     matches gives each new match length the vector of the longest it had: the drafter then reads a longer
     match as it read the longest before (only the candidates change, to the occurrence with the longer match)."""
-    from hyflash.drafters.model import DrafterModel
-
     config = DrafterConfig.from_dict({**model.config.to_dict(), "copy_ngram": copy_ngram, "copy_gate": copy_gate})
     grown = DrafterModel(config, model.target).to(model.norm.weight)
     state = model.state_dict()
@@ -116,8 +118,6 @@ def with_copy_input(model, copy_ngram: int, copy_gate: bool = False):
 
 def export_drafter(model, target, path: Path, dtype: str) -> Path:
     """Save the drafter (weights only, no target pieces) in `dtype`: bf16 halves the file."""
-    from hyflash.drafters.model import DrafterModel
-
     copy = DrafterModel(model.config, target)
     copy.load_state_dict(model.state_dict())
     return copy.to(getattr(torch, dtype)).save_pretrained(path)
@@ -157,9 +157,8 @@ def feature_source(config: TrainConfig, target, dataset: TokenDataset):
     if config.feature_backend != "llama.cpp":
         if config.feature_compute_dtype in ("", config.dtype):
             return None
-        from hyflash.targets import Target
 
-        source = Target.load(config.model, dtype=config.feature_compute_dtype)
+        source = HFTarget.load(config.model, dtype=config.feature_compute_dtype)
         source.model.to(target.device)
         return source
     from hyflash.targets.llamacpp import LlamaCppTarget
@@ -223,9 +222,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True, targ
 
     dataset = TokenDataset([Path(d) for d in config.data])
     if target is None:
-        from hyflash.targets import Target
-
-        target = Target.load(config.model, dtype=config.dtype)
+        target = HFTarget.load(config.model, dtype=config.dtype)
     if torch.cuda.is_available():
         target.model.to(f"cuda:{local_rank}")
     if dataset.target and {k: dataset.target[k] for k in target.signature()} != target.signature():
@@ -277,7 +274,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True, targ
     bar = tqdm(total=config.steps, initial=start_step, disable=not progress or rank != 0, desc="train", unit="step")
     timer, tokens_seen = time.perf_counter(), 0
     onpolicy = config.onpolicy()
-    drafter_dir = out / "drafter"
+    drafter_dir = out / TRAINED_SUBFOLDER
     for step, epoch, batch in batches:
         device = target.device
         features, target_logits = batch_features(target, batch, dataset, cache, want_logits=config.loss == "kl",
@@ -355,9 +352,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True, targ
             export_drafter(model, target, drafter_dir, config.save_dtype)
         want_eval = (config.eval_every and done % config.eval_every == 0) or done in eval_steps
         if rank == 0 and (want_eval or done == config.steps) and eval_prompts:
-            from hyflash.training.evaluate import heldout_tau
-
-            result = heldout_tau(model, target, eval_prompts, config.eval_new_tokens)
+            result = evaluate.heldout_tau(model, target, eval_prompts, config.eval_new_tokens)
             log.write({"step": done, "eval": result})
             bar.set_postfix(loss=f"{global_loss:.3f}", tau=f"{result['tau']:.2f}")
             model.train()
@@ -369,8 +364,6 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True, targ
         if start_step >= config.steps:  # resumed from the last checkpoint: the loop had no step to export at
             export_drafter(model, target, drafter_dir, config.save_dtype)
         if config.plot:
-            from hyflash.training.plots import plot_curves
-
             plot_curves(out / "log.jsonl", out / "curves.png")
         print(f"drafter saved to {drafter_dir}", flush=True)
     if world > 1:
@@ -389,7 +382,6 @@ def _heldout_prompts(target, config: TrainConfig) -> list[list[int]]:
     """Chat prompts from held-out standard-library modules (never HumanEval), for tau during training."""
     if config.eval_prompts <= 0 or target.tokenizer is None:
         return []
-    from hyflash.training.prompts import build_prompts
 
     prompts = [p for p in build_prompts("heldout", seed=config.eval_seed, long_chars=0) if p.kind == "complete"]
     return [target.encode_prompt(p.text, chat=True) for p in prompts[: config.eval_prompts]]

@@ -1,0 +1,1 @@
+"""The REOPOLD vs OPD experiments (docs/reopold.md): `python -m experiments.reopold --help`."""

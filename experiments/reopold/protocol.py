@@ -1,0 +1,320 @@
+"""The decisive REOPOLD experiment (issue 15) as one resumable command.
+
+    python -m experiments.reopold --out runs/reopold2 --scale cpu     # or gpu, or tiny (tests)
+
+Stages, in this order, each checkpointed: a finished stage is skipped and an unfinished run resumed, so a
+killed command run again continues where it stopped (tensors in safetensors, everything else in JSON).
+
+  task.json              the chain task: split sizes, their pairwise overlap (0), examples
+  teacher/               SmolLM2-135M-Instruct fine-tuned on the task's worked solutions until it solves
+                         `teacher_stop` of the validation split (early stop) or for `teacher_steps`
+  teacher_eval.json      the fine-tuned teacher's greedy accuracy on the test split: teacher_accuracy
+  teacher_samples.jsonl  its greedy answers to the runs' training prompts (warm-up and the SFT baseline)
+  probe/layers-N/        students cut to the teacher's first N layers after one short warm-up each;
+  probe.json             the deepest one that starts at or below `max_start` on validation is kept
+  start_eval.json        that warm start on the test split: start_accuracy
+  grid/M-lrX/, grid.json one run per method and learning rate (grid seed, validation split); the rate
+                         with the largest area under the smoothed validation curve is kept per method
+  runs/M-seedS/          the comparison: every method x seed from the same warm start at its own rate,
+                         the same student samples per run, evaluated on the test split
+  summary.json, results.md, accuracy_entropy.png, timing.json (wall seconds per stage, kept apart so that
+                         a resumed run writes the same summary as an uninterrupted one)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from transformers.utils import logging as hf_logging
+
+from experiments.reopold.experiment import run_finished
+from experiments.reopold.report import write_report
+from experiments.reopold.scales import Scale
+from hyflash.distill import tasks
+from hyflash.distill.plots import read_jsonl, smooth
+from hyflash.distill.student import load_model, save_tiny_model
+from hyflash.distill.trainer import DistillConfig, TeacherSamples, Trainer, evaluate, resolve_device
+from hyflash.errors import HyflashError
+from hyflash.files import atomic_write_json
+from hyflash.targets import DTYPES
+
+TEACHER_SEED, PROBE_SEED = 3000, 2000  # seeds of the teacher's fine-tune and the warm-ups (not run seeds)
+
+
+def pick_layers(final_accuracy: dict[int, float], max_start: float, min_start: float = 0.0) -> tuple[int, str]:
+    """The deepest candidate whose warmed-up accuracy lies in [min_start, max_start] (most capacity to learn
+    while starting low, and past the floor that shows it can learn), else the deepest at or below max_start,
+    else the shallowest one."""
+    fitting = [n for n, acc in final_accuracy.items() if min_start <= acc <= max_start]
+    if fitting:
+        band = f"in [{min_start}, {max_start}]" if min_start else f"at or below {max_start}"
+        return max(fitting), f"deepest student {band} after the warm-up"
+    low = [n for n, acc in final_accuracy.items() if acc <= max_start]
+    if low:
+        return max(low), f"no candidate reached {min_start}: the deepest at or below {max_start}"
+    return min(final_accuracy), f"no candidate at or below {max_start} after the warm-up: the shallowest"
+
+
+def grid_score(accuracies: list[float], window: int) -> float:
+    """Area under the smoothed learning curve (mean over the evaluations after the start): what the
+    learning rate should buy when the question is how fast a method learns."""
+    curve = smooth(accuracies, window)
+    return float(sum(curve[1:]) / max(len(curve) - 1, 1))
+
+
+def best_learning_rate(scores: dict[float, float]) -> float:
+    """The rate with the highest score; ties go to the first in grid order."""
+    return max(scores, key=lambda lr: (scores[lr], -list(scores).index(lr)))
+
+
+def rate_past_the_edge(scores: dict[float, float]) -> float | None:
+    """The next rate to try when the lowest or the highest rate tried scores strictly better than its
+    neighbour and best of all (one grid step, the ratio of the two nearest rates, beyond it); else None."""
+    rates, best = sorted(scores), best_learning_rate(scores)
+    if len(rates) < 2:
+        return None
+    for edge, neighbour in ((rates[0], rates[1]), (rates[-1], rates[-2])):
+        if best == edge and scores[edge] > scores[neighbour]:
+            return edge * edge / neighbour
+    return None
+
+
+class Experiment:
+    def __init__(self, out: Path, scale: Scale, progress: bool = True, keep_checkpoints: bool = False):
+        self.out, self.scale, self.progress, self.keep_checkpoints = Path(out), scale, progress, keep_checkpoints
+        self._teacher = None
+
+    # ----- the whole protocol ----------------------------------------------------------------------------
+    def run(self) -> dict:
+        hf_logging.disable_progress_bar()  # the stages' own bars say what runs; loading bars only clutter
+        self.out.mkdir(parents=True, exist_ok=True)
+        self._check_scale()
+        self._stage("task", self.describe_task)
+        self._stage("teacher", self.fine_tune_teacher)
+        self._stage("teacher_samples", self.cache_teacher_answers)
+        self._stage("probe", self.probe_students)
+        self._stage("grid", self.learning_rate_grid)
+        self._stage("runs", self.comparison_runs)
+
+        return write_report(self.out, self.scale)
+
+    def _stage(self, name: str, fn) -> None:
+        if self.progress:
+            print(f"reopold experiment ({self.scale.name}): stage {name}", flush=True)
+        t0 = time.time()
+        try:
+            fn()
+        finally:  # a stage stopped by an error or Ctrl-C still counts its time (a SIGKILL cannot be counted)
+            path = self.out / "timing.json"
+            timing = json.loads(path.read_text()) if path.exists() else {}
+            timing[name] = timing.get(name, 0.0) + time.time() - t0
+            atomic_write_json(path, timing)
+
+    def _check_scale(self) -> None:
+        path, want = self.out / "scale.json", json.loads(json.dumps(self.scale.as_dict()))
+        if path.exists():
+            have = json.loads(path.read_text())
+            if have != want:
+                raise HyflashError(f"{self.out} holds a run at scale {have.get('name')!r} with other settings: "
+                                   f"pass --scale {have.get('name')} to continue it, or use another --out")
+        else:
+            atomic_write_json(path, want)
+
+    # ----- paths and configs -----------------------------------------------------------------------------
+    @property
+    def teacher_model(self) -> Path:
+        return self.out / "teacher" / "checkpoint"
+
+    @property
+    def base_model(self) -> str:
+        if self.scale.base != "tiny":
+            return self.scale.base
+
+        folder = self.out / "tiny-base"
+        if not (folder / "config.json").exists():
+            tmp = self.out / "tiny-base.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            save_tiny_model(tmp)
+            os.replace(tmp, folder)
+        return str(folder)
+
+    def _config(self, **kw) -> DistillConfig:
+        s = self.scale
+        base = dict(teacher=str(self.teacher_model), task="chain", levels=s.levels, max_new_tokens=s.max_new_tokens,
+                    train_pool=s.pool, eval_batch=s.eval_batch, teacher_dtype=s.teacher_dtype,
+                    rollout_dtype=s.rollout_dtype, device=s.device, sft_cache=str(self.out / "teacher_samples.jsonl"),
+                    loss_normalization="valid")
+        base.update(kw)
+        return DistillConfig(**base)
+
+    def teacher(self):
+        """The fine-tuned teacher, loaded once (in its scoring dtype, on the device)."""
+        if self._teacher is None:
+            model, tok = load_model(str(self.teacher_model), self.scale.teacher_dtype)
+            self._teacher = model.to(resolve_device(self.scale.device)).eval(), tok
+        return self._teacher
+
+    def _train(self, config: DistillConfig, prune: bool = True) -> list[dict]:
+        """Run (or resume) one training run unless it has finished; returns its evaluations."""
+        folder = Path(config.out)
+        if not run_finished(folder, config.steps, config.stop_at_accuracy):
+            teacher, tok = self.teacher() if config.sft_source != "ground-truth" else (None, None)
+            trainer = Trainer(config, teacher=teacher, teacher_tokenizer=tok, resume=True)
+            trainer.run(progress=self.progress)
+            del trainer
+        if prune and not self.keep_checkpoints:
+            # Only the logs and state.json of a finished run are read again; its weights, optimizer moments
+            # and tokenizer files are ~0.5 GB per SmolLM2-sized run.
+            for path in (folder / "checkpoint").iterdir():
+                if path.name != "state.json" and path.is_file():
+                    path.unlink()
+        return read_jsonl(folder / "eval.jsonl")
+
+    # ----- stages ----------------------------------------------------------------------------------------
+    def describe_task(self) -> None:
+        path = self.out / "task.json"
+        if path.exists():
+            return
+        s = self.scale
+        sets = {
+            "teacher_pool": tasks.chain_split("train", s.teacher_pool, 0, s.levels),
+            "runs_pool": tasks.chain_split("train", s.pool, 0, s.levels),
+            "val": tasks.chain_split("val", s.val_size, 0, s.levels),
+            "test": tasks.chain_split("test", s.eval_size, 0, s.levels),
+        }
+        questions = {name: {p.question for p in ps} for name, ps in sets.items()}
+        overlap = {f"{a}&{b}": len(questions[a] & questions[b]) for a in questions for b in questions
+                   if a < b and not {a, b} <= {"teacher_pool", "runs_pool"}}
+        if any(overlap.values()):
+            raise HyflashError(f"training and held-out problems overlap ({overlap}): the split hash is broken")
+        atomic_write_json(path, {
+            "task": "chain", "operations": list(s.levels), "operand_range": list(tasks.CHAIN_OPERAND_RANGE),
+            "sizes": {name: len(ps) for name, ps in sets.items()}, "overlap": overlap,
+            "examples": [p.prompt + p.solution for p in sets["test"][:3]],
+        })
+
+    def fine_tune_teacher(self) -> None:
+        s = self.scale
+        config = self._config(
+            method="sft", sft_source="ground-truth", student=self.base_model, teacher=self.base_model,
+            out=str(self.out / "teacher"), steps=s.teacher_steps, batch_size=s.teacher_batch, lr=s.teacher_lr,
+            lr_decay=s.teacher_lr_decay,
+            train_pool=s.teacher_pool, seed=TEACHER_SEED, eval_split="val", eval_size=s.val_size,
+            eval_every=s.teacher_eval_every, checkpoint_every=s.teacher_checkpoint_every or s.teacher_eval_every,
+            stop_at_accuracy=s.teacher_stop,
+        )
+        # Its optimizer moments stay (~1 GB): a raised teacher_stop continues this fine-tune exactly.
+        self._train(config, prune=False)
+        path = self.out / "teacher_eval.json"
+        if not path.exists():
+            state = json.loads((self.teacher_model / "state.json").read_text())
+            result = self._evaluate(*self.teacher(), "test", s.eval_size)
+            result.update(steps=state["step"], stopped_early=state["stopped_early"],
+                          val_curve=read_jsonl(self.out / "teacher" / "eval.jsonl"))
+            atomic_write_json(path, result)
+
+    def _evaluate(self, model, tokenizer, split: str, size: int) -> dict:
+        s = self.scale
+        problems = tasks.chain_split(split, size, 0, s.levels)
+        return dict(evaluate(model, tokenizer, problems, s.max_new_tokens, s.eval_batch), split=split, problems=size)
+
+    def cache_teacher_answers(self) -> None:
+        """The teacher's greedy answers to every training prompt of the runs, in large batches at once."""
+        s = self.scale
+        model, tok = self.teacher()
+        prompts = [p.prompt for p in tasks.chain_split("train", s.pool, 0, s.levels)]
+        TeacherSamples(self.out / "teacher_samples.jsonl", model, tok, s.max_new_tokens).get(prompts, s.eval_batch)
+
+    def probe_students(self) -> None:
+        path = self.out / "probe.json"
+        if path.exists():
+            return
+        s = self.scale
+        curves = {}
+        # With a floor (min_start), each warm-up stops once it reaches the floor, and the deepest candidate
+        # goes first: the first one that lands in [min_start, max_start] is the one pick_layers would keep.
+        order = sorted(s.probe_layers, reverse=True) if s.min_start else list(s.probe_layers)
+        every = s.warmup_eval_every or max(1, s.warmup_steps // 2)
+        for n in order:
+            config = self._config(
+                method="sft", student=f"first-{n}:{self.teacher_model}", out=str(self.out / "probe" / f"layers-{n}"),
+                steps=s.warmup_steps, batch_size=s.warmup_batch, lr=s.warmup_lr, seed=PROBE_SEED, eval_split="val",
+                eval_size=s.val_size, eval_every=every, checkpoint_every=s.warmup_steps,
+                stop_at_accuracy=s.min_start or None,
+            )
+            curves[n] = [e["accuracy"] for e in self._train(config, prune=False)]
+            if s.min_start and s.min_start <= curves[n][-1] <= s.max_start:
+                break
+        chosen, rule = pick_layers({n: c[-1] for n, c in curves.items()}, s.max_start, s.min_start)
+        warm = self.out / "probe" / f"layers-{chosen}" / "checkpoint"
+        start = self._evaluate(*self._load_rollout_copy(warm), "test", s.eval_size)
+        atomic_write_json(self.out / "start_eval.json", dict(start, layers=chosen))
+        atomic_write_json(path, {
+            "candidates": {str(n): {"val_accuracy_during_warmup": c} for n, c in curves.items()},
+            "warmup_steps": s.warmup_steps, "warmup_samples": s.warmup_steps * s.warmup_batch,
+            "max_start": s.max_start, "min_start": s.min_start, "chosen_layers": chosen, "rule": rule,
+            "warm_start": str(warm.relative_to(self.out)),  # relative: the folder may move
+        })
+        for n in curves:  # only the chosen warm start is used again (pruned after probe.json exists)
+            if n != chosen and not self.keep_checkpoints:
+                shutil.rmtree(self.out / "probe" / f"layers-{n}" / "checkpoint", ignore_errors=True)
+
+    def _load_rollout_copy(self, folder: Path):
+        """A model as the trainer evaluates it: its fp32 weights cast to the rollout dtype, on the device."""
+        model, tok = load_model(str(folder), "float32")
+        return model.to(resolve_device(self.scale.device), DTYPES[self.scale.rollout_dtype]).eval(), tok
+
+    @property
+    def warm_start(self) -> Path:
+        return self.out / json.loads((self.out / "probe.json").read_text())["warm_start"]
+
+    def _run_config(self, method: str, lr: float, seed: int, folder: Path, steps: int, split: str, size: int):
+        s = self.scale
+        return self._config(
+            method=method, student=str(self.warm_start), out=str(folder), steps=steps, batch_size=s.batch_size,
+            lr=lr, seed=seed, eval_split=split, eval_size=size, eval_every=s.eval_every,
+            checkpoint_every=s.run_checkpoint_every or steps,
+            switch_step=max(1, round(steps * s.switch_fraction)),
+        )
+
+    def learning_rate_grid(self) -> None:
+        path = self.out / "grid.json"
+        if path.exists():
+            return
+        s = self.scale
+        steps = s.grid_steps or s.steps
+        result = {"seed": s.grid_seed, "split": "val", "steps": steps, "score": "area under the smoothed curve",
+                  "methods": {}}
+        for method in s.methods:
+            scores, extended = {}, 0
+            rates = list(s.lr_grid)
+            while rates:
+                lr = rates.pop(0)
+                folder = self.out / "grid" / f"{method}-lr{lr:.3g}"
+                evals = self._train(self._run_config(method, lr, s.grid_seed, folder, steps, "val", s.val_size))
+                scores[lr] = grid_score([e["accuracy"] for e in evals], s.smoothing_window)
+                beyond = None if rates or extended >= s.grid_extend else rate_past_the_edge(scores)
+                if beyond is not None:
+                    rates.append(beyond)
+                    extended += 1
+            result["methods"][method] = {"scores": {f"{lr:g}": v for lr, v in scores.items()},
+                                         "chosen_lr": best_learning_rate(scores)}
+        atomic_write_json(path, result)
+
+    def comparison_runs(self) -> None:
+        s = self.scale
+        chosen = {m: r["chosen_lr"] for m, r in json.loads((self.out / "grid.json").read_text())["methods"].items()}
+        # The compared pair (REOPOLD, OPD) first, then the references (GKD, SFT); each group seed-major, so an
+        # interrupted experiment has the verdict's seeds first and balanced seeds within each group.
+        compared = [m for m in s.methods if m in ("reopold", "opd")]
+        references = [m for m in s.methods if m not in compared]
+        for group in (compared, references):
+            for seed in s.seeds:
+                for method in group:
+                    folder = self.out / "runs" / f"{method}-seed{seed}"
+                    self._train(self._run_config(method, chosen[method], seed, folder, s.steps, "test",
+                                                 s.eval_size))
