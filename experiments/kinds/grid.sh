@@ -32,7 +32,8 @@
 # it on a CPU over several sessions); RUNS="NAME ..." trains only those grid runs, in that order (the bench then
 # takes every finished one); DRY_RUN=1 prints the
 # commands and runs nothing; JOBS (trainings at once), MODEL, DATA (relative paths: from the repository root),
-# FEATURE_CACHE, DTYPE (the bench's target dtype, default float32), COPY_NGRAM (default 16), PYTHON,
+# FEATURE_CACHE, DTYPE (the bench's target dtype, default float32), COPY_NGRAM (default 16), PYTHON, the budget's
+# STEPS, BATCH, ANCHORS, WARMUP, SAVE_EVERY, THREADS (default: the scale's) and KEEP_CHECKPOINTS,
 # FEATURE_COMPUTE_DTYPE (float32 on a CPU without native bf16: the training's bf16 features computed 6x faster
 # in float32 and cached as bf16; not a setting of the recipe, so a grid may change it between calls), AUTOCAST
 # (on|off: bf16 autocast for every run; by default each run measures whether it pays on its machine, and a run
@@ -99,6 +100,13 @@ case "$scale" in
     ;;
   *) die "SCALE must be gpu, cpu or tiny, got '$scale'";;
 esac
+# A caller that sizes the budget itself (scripts/kinds_nocopy_gpu.sh: to a device-time limit) overrides it here.
+steps=${STEPS:-$steps} batch=${BATCH:-$batch} anchors=${ANCHORS:-$anchors} save_every=${SAVE_EVERY:-$save_every}
+threads=${THREADS:-$threads} warmup=${WARMUP:-$warmup}
+for v in steps batch anchors save_every threads; do
+  [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "${v^^} must be a whole number >= 1, got '${!v}'"
+done
+[[ "$warmup" =~ ^[0-9]+$ ]] || die "WARMUP must be a whole number >= 0, got '$warmup'"
 model="${MODEL:-smollm2-135m}"
 data="${DATA:-data/smollm2-135m/train-v2 data/smollm2-135m/long-v1 data/smollm2-135m/train-v3}"
 dtype="${DTYPE:-float32}"  # float32: greedy outputs equal plain decoding exactly, and no slow bf16 on CPUs without it
@@ -153,6 +161,8 @@ common=(--model "$model" --data $data --max-length $max_length --steps $steps --
         --draft-vocab-size $vocab --gamma $gamma --eval-prompts 0 --save-every $save_every --log-every 10
         --threads $threads --no-progress $plot)
 [ -n "$feature_cache" ] && common+=(--feature-cache "$feature_cache")
+# More checkpoints kept: a caller stopped by its deadline exports every run at the newest step they all share.
+[ -n "${KEEP_CHECKPOINTS:-}" ] && common+=(--keep-checkpoints "$KEEP_CHECKPOINTS")
 [ "$copy_ngram" != 0 ] && common+=(--copy-ngram "$copy_ngram" --copy-gate)
 
 run_args() {  # NAME -> the flags that make this run what its name says

@@ -24,7 +24,7 @@ def parse_drafter(spec: str) -> tuple[str, str]:
 
 
 def add_cli(sub) -> None:
-    from hyflash.bench.datasets import SETS
+    from hyflash.bench.datasets import DEFAULT_SETS, SETS
     from hyflash.bench.methods import BUILTIN_METHODS
 
     p = sub.add_parser("bench", help="benchmark decoding methods side by side on held-out sets")
@@ -33,7 +33,7 @@ def add_cli(sub) -> None:
     add_engine_args(p)
     p.add_argument("--trees", type=lambda s: tuple(-1 if x == "auto" else int(x) for x in _csv(s)), default=(),
                    help="comma list of tree budgets: every trained drafter runs once per budget (overrides --tree)")
-    p.add_argument("--sets", type=_csv, default=tuple(SETS), help=f"comma list from: {', '.join(SETS)}")
+    p.add_argument("--sets", type=_csv, default=DEFAULT_SETS, help=f"comma list from: {', '.join(SETS)}")
     p.add_argument("--n", type=int, default=5, help="prompts per set (deterministic selection)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperatures", type=lambda s: tuple(float(x) for x in _csv(s)), default=(0.0, 0.7, 1.0),
@@ -54,6 +54,8 @@ def add_cli(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads, and llama.cpp's (default: one per physical core)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="where the target and drafters run (cuda: one GPU, TF32 off; tau does not depend on it)")
     p.add_argument("--quick", action="store_true",
                    help="regression mode (overrides --sets/--n/--max-new-tokens/--temperatures): 2 prompts, "
                    "32 tokens, T=0 and 1, sets humaneval, code, long-4k, prose (< 10 min on 2 CPU cores)")
@@ -110,7 +112,7 @@ def cmd_bench(args) -> int:
         temperatures=args.temperatures, methods=args.methods, drafters=dict(parse_drafter(d) for d in args.drafter),
         pld_tokens=args.pld_tokens, ngram_block=args.ngram_block, seed=args.seed,
         memory_contexts=args.memory_contexts, sweep_kinds=args.sweep_kinds, sweep_depths=args.sweep_depths,
-        threads=args.threads, target_options=target_options(args),
+        threads=args.threads, target_options=target_options(args), device=args.device,
     )
     if args.quick:
         config = quick(config)

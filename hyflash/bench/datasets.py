@@ -7,6 +7,10 @@
   long-2k/4k/8k  raw continuation of 2k/4k/8k-token prefixes of the *same* big held-out modules, so the
               three sets differ only in how much context the drafter sees (the HyFlash claim is about that)
   prose       raw continuation of 384-token prefixes of package descriptions (README text in dist-info)
+  ctx-1k/2k/4k/6k/8k  the 1k..8k tokens before a cut point inside a big held-out module, several cut points per
+              module (the held-out split has few modules of 8k+ tokens, too few for 12 prompts from file starts):
+              every ctx set has the same cut points and continuations, so the sets differ only in context
+              (issue 41: per-prompt pairs across sets and kinds)
 
 Held-out = the training code's own split (`hyflash.corpora.split_of`, a stable hash of the module
 path), so the benchmark can never score memorised training code. HumanEval and package descriptions are
@@ -30,6 +34,8 @@ HUMANEVAL_TEMPLATE = "Complete the following Python function:\n```python\n{promp
 CODE_PREFIX_TOKENS = 1024
 LONG_PREFIX_TOKENS = {"long-2k": 2048, "long-4k": 4096, "long-8k": 8192}
 PROSE_PREFIX_TOKENS = 384
+CUT_CONTEXT_TOKENS = {"ctx-1k": 1024, "ctx-2k": 2048, "ctx-4k": 4096, "ctx-6k": 6144, "ctx-8k": 8192}
+CUT_STRIDE_TOKENS = 2048  # between the cut points of one module: their continuations never overlap
 # Code-page tables (encodings/cp437.py ...) are generated lookup tables: trivially predictable, not real code.
 _SKIP_PREFIXES = ("encodings/",)
 _CHARS_PER_TOKEN_MAX = 16  # characters read per wanted token: enough for any tokenizer (even a word-level one)
@@ -112,6 +118,37 @@ def _build_long(set_name: str) -> Callable:
     return build
 
 
+def cut_points(target, n: int, max_new_tokens: int) -> list[tuple[str, int, list[int]]]:
+    """(module, cut, the module's tokens) for the first n cut points: every big held-out module (stable order)
+    is cut at its first token past the longest ctx context, then every CUT_STRIDE_TOKENS further while the
+    continuation still fits; modules take turns (each module's first cut, then each one's second, ...), so the
+    prompts spread over as many files as there are."""
+    longest = _fit(target, max(CUT_CONTEXT_TOKENS.values()), max_new_tokens)
+    per_module = []
+    for module in heldout_stdlib_modules():
+        text = _read_module(module)
+        if not text or len(text) < longest:  # fewer characters than tokens needed: cannot be long enough
+            continue
+        ids = [int(i) for i in target.tokenizer(text)["input_ids"]]
+        cuts = list(range(longest, len(ids) - max_new_tokens + 1, CUT_STRIDE_TOKENS))
+        if cuts:
+            per_module.append((module, cuts, ids))
+    out = []
+    for turn in range(max((len(c) for _, c, _ in per_module), default=0)):
+        out += [(module, cuts[turn], ids) for module, cuts, ids in per_module if turn < len(cuts)]
+    return out[:n]
+
+
+def _build_cut(set_name: str) -> Callable:
+    def build(target, n: int, max_new_tokens: int) -> list[BenchPrompt]:
+        context = _fit(target, CUT_CONTEXT_TOKENS[set_name], max_new_tokens)
+        # The item id names the cut, not the set: the same id in every ctx set is the same continuation.
+        return [BenchPrompt(set_name, f"{module}@{cut}", module, tuple(ids[cut - context : cut]), chat=False)
+                for module, cut, ids in cut_points(target, n, max_new_tokens)]
+
+    return build
+
+
 # ----- HumanEval -----------------------------------------------------------------------------------------
 def build_humaneval(target, n: int, max_new_tokens: int) -> list[BenchPrompt]:
     problems = humaneval_problems()
@@ -161,8 +198,16 @@ SETS: dict[str, EvalSet] = {
             for name, tokens in LONG_PREFIX_TOKENS.items()
         ],
         EvalSet("prose", "package README text from dist-info", PROSE_PREFIX_TOKENS, build_prose),
+        *[
+            EvalSet(name, f"the {tokens // 1024}k tokens before cut points in big held-out stdlib modules", tokens,
+                    _build_cut(name))
+            for name, tokens in CUT_CONTEXT_TOKENS.items()
+        ],
     ]
 }
+
+# What `hyflash bench` runs without --sets: every set but the ctx ones (they are for the kinds grid, issue 41).
+DEFAULT_SETS = tuple(name for name in SETS if name not in CUT_CONTEXT_TOKENS)
 
 
 def load_set(name: str, target, n: int, max_new_tokens: int) -> list[BenchPrompt]:

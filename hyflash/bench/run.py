@@ -32,7 +32,7 @@ from typing import Callable
 import torch
 
 from hyflash import engine
-from hyflash.bench.datasets import SETS, load_set
+from hyflash.bench.datasets import DEFAULT_SETS, SETS, load_set
 from hyflash.bench.memory import draft_memory_sweep, param_count, untrained_kinds
 from hyflash.bench.methods import (
     BUILTIN_METHODS,
@@ -60,7 +60,7 @@ class BenchConfig:
     adaptive: bool = True  # draft length chosen per step from the cost curve (False: whole blocks)
     keep_drafter: bool = False  # never retire a trained drafter that does not pay (policy.py)
     trees: tuple[int, ...] = (0,)  # tree budgets; each trained drafter runs once per budget ("NAME@tN")
-    sets: tuple[str, ...] = tuple(SETS)
+    sets: tuple[str, ...] = DEFAULT_SETS
     n: int = 5  # prompts per set
     max_new_tokens: int = 128
     temperatures: tuple[float, ...] = (0.0, 0.7, 1.0)
@@ -74,6 +74,9 @@ class BenchConfig:
     sweep_kinds: tuple[str, ...] = ("full", "local", "memory", "hyflash")
     sweep_depths: tuple[int, ...] = (1, 2)
     threads: int | None = None  # torch threads; None keeps torch's default
+    # Where the transformers target (and so every drafter) runs: cpu, or cuda (tau does not depend on it; float32
+    # there keeps greedy outputs equal to plain decoding only with TF32 off, which run_bench makes sure of).
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         if self.n < 1 or self.max_new_tokens < 2:
@@ -81,6 +84,8 @@ class BenchConfig:
         unknown = [s for s in self.sets if s not in SETS]
         if unknown:
             raise HyflashError(f"unknown evaluation sets {unknown}: choose from {', '.join(SETS)}")
+        if self.device not in ("cpu", "cuda"):
+            raise HyflashError(f"--device must be cpu or cuda, got {self.device!r}")
 
 
 # Few prompts, short outputs, one long set (4k, not 8k): a regression check that fits in ~10 minutes on 2 CPU
@@ -197,6 +202,8 @@ def run_bench(
                                         calibrated=config.adaptive, log=log, target_options=config.target_options)
     else:  # a target handed in (tests): its dtype, and a flat cost curve unless one is cached
         choice = engine.DtypeChoice(target.precision, "the target given", None)
+    if config.device == "cuda":
+        _to_cuda(target)
     curve = choice.curve if config.adaptive else None
 
     def make_policy(tree: int = 0):
@@ -304,6 +311,18 @@ def _resumable_records(out_dir: Path, meta: dict, methods: set[str], log) -> dic
                                                       "records_kept": len(kept)}]
     log(f"resuming {path}: {len(kept)} of its {len(records)} records kept")
     return kept
+
+
+def _to_cuda(target) -> None:
+    """The target onto the GPU, in float32 without TF32: TF32 matrix products round differently in a block
+    verification than in one-token decoding, and greedy speculative output must equal plain decoding."""
+    if target.backend != "transformers":
+        raise HyflashError(f"--device cuda runs the transformers backend, not {target.backend}")
+    if not torch.cuda.is_available():
+        raise HyflashError(f"--device cuda: torch {torch.__version__} sees no CUDA device; use --device cpu")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    target.model.to("cuda")
 
 
 def _skip_unavailable(methods, target, skipped: dict, log) -> list:

@@ -42,7 +42,7 @@ def resolve_model_path(name_or_path: str) -> Path:
         if (out / "config.json").exists():
             return out
         folder, gguf_file = builtin_gguf(name_or_path)
-        _convert_gguf(folder, gguf_file, out)
+        convert_gguf(folder, gguf_file, out)
         return out
     path = Path(name_or_path).expanduser()
     if not (path / "config.json").exists():
@@ -53,7 +53,7 @@ def resolve_model_path(name_or_path: str) -> Path:
     return path
 
 
-def _convert_gguf(folder: Path, gguf_file: str, out: Path) -> None:
+def convert_gguf(folder: Path, gguf_file: str, out: Path) -> None:
     """Dequantise a GGUF once (15-20 s) and save it as safetensors (later loads take ~0.5 s).
 
     Written to a temporary folder and renamed, so an interrupted conversion leaves nothing half-written.
