@@ -12,6 +12,8 @@ import sys
 
 from hyflash.errors import HyflashError
 
+DRAFT_MODEL_PREFIX = "model:"  # --drafter model:NAME|PATH: draft-model speculation (drafters/draft_model.py)
+
 # Packages that contribute subcommands; each exposes add_cli(subparsers).
 COMMAND_MODULES = [
     "hyflash.drafters.cli",
@@ -44,6 +46,11 @@ def build_drafter(spec: str, target, block_size: int | None = None, quiet: bool 
         from hyflash.drafters.ngram import NgramDrafter
 
         return NgramDrafter(block_size=block_size or 8)
+    if spec.startswith(DRAFT_MODEL_PREFIX):  # model:NAME|PATH, a smaller LM of the target's vocabulary
+        from hyflash.drafters.draft_model import DraftModelConfig, load_draft_model
+
+        config = DraftModelConfig(max_draft=block_size - 1) if block_size else DraftModelConfig()
+        return load_draft_model(spec.removeprefix(DRAFT_MODEL_PREFIX), target, config)
     from hyflash.drafters.loading import load_drafter_for_target
 
     return load_drafter_for_target(spec, target)
@@ -56,10 +63,11 @@ def drafter_needs_features(spec: str | None, model: str) -> bool:
         from hyflash.training.defaults import DEFAULT_DRAFTERS
 
         return model in DEFAULT_DRAFTERS  # else build_drafter falls back to the n-gram drafter
-    return spec not in (None, "none", "ngram")
+    return spec not in (None, "none", "ngram") and not spec.startswith(DRAFT_MODEL_PREFIX)
 
 
-MODEL_HELP = "built-in name (smollm2-135m, gemma3-270m), a Hugging Face folder, or with --backend llama.cpp a PATH.gguf"
+MODEL_HELP = ("built-in name (smollm2-135m, gemma3-270m, qwen2.5-coder-1.5b, qwen2.5-coder-0.5b), a Hugging Face "
+              "folder, or with --backend llama.cpp a PATH.gguf")
 
 
 def add_backend_arg(p) -> None:
@@ -109,7 +117,8 @@ def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="generate text, optionally with speculative decoding")
     p.add_argument("--prompt", required=True, help="the user prompt (chat template applied if the model has one)")
     p.add_argument("--model", default="smollm2-135m", help=MODEL_HELP)
-    p.add_argument("--drafter", default="default", help="none | ngram | default | PATH to a drafter folder")
+    p.add_argument("--drafter", default="default", help="none | ngram | default | PATH to a drafter folder | "
+                   "model:NAME|PATH (a smaller LM of the target's vocabulary drafts)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)

@@ -90,7 +90,7 @@ def prepare(model: str, dtype: str = "auto", backend: str = "transformers", draf
 def _refuse_bad_drafter_folder(spec: str, model: str) -> None:
     """A missing or corrupt drafter folder, or one made for a model of another hidden size, fails before
     anything is calibrated (a first calibration measures for ~20 s per dtype). The full check follows at load."""
-    if spec in (None, "none", "ngram", "default"):
+    if spec in (None, "none", "ngram", "default") or spec.startswith("model:"):
         return
     from transformers import AutoConfig
 

@@ -232,16 +232,18 @@ def _has_qwen() -> bool:
 
 @pytest.mark.slow
 def test_llama_cpp_draft_model_greedy_equals_plain():
-    """SmolLM2 drafting for itself on llama.cpp: the built-in loaded by load_draft_model, all drafts
-    accepted, and the same text as plain decoding."""
+    """SmolLM2 drafting for itself on llama.cpp (`--drafter model:smollm2-135m`): all drafts accepted, and
+    the same text as plain decoding."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
     if os.environ.get("HYFLASH_SKIP_REAL_MODEL"):
         pytest.skip("HYFLASH_SKIP_REAL_MODEL is set")
-    from hyflash.drafters.draft_model import load_draft_model
+    from hyflash.cli import build_drafter, drafter_needs_features
     from hyflash.targets.llamacpp import LlamaCppTarget
 
+    assert not drafter_needs_features("model:smollm2-135m", "smollm2-135m")
     target = LlamaCppTarget.load("smollm2-135m", n_threads=1, record_features=False)
-    drafter = load_draft_model("smollm2-135m", target, DraftModelConfig(max_draft=3, greedy_stop_below=0.0))
+    drafter = build_drafter("model:smollm2-135m", target, block_size=4)  # the --drafter spec, 3 drafts a step
+    drafter.config = DraftModelConfig(max_draft=3, greedy_stop_below=0.0)
     ids = target.encode_prompt("Write a Python function that reverses a string.")
     plain = generate(target, ids, None, max_new_tokens=32)
     spec = generate(target, ids, drafter, max_new_tokens=32)
