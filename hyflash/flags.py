@@ -11,7 +11,8 @@ from dataclasses import MISSING, fields
 
 from hyflash.targets import BACKENDS, CACHE_TYPES
 
-MODEL_HELP = "built-in name (smollm2-135m, gemma3-270m), a Hugging Face folder, or with --backend llama.cpp a PATH.gguf"
+MODEL_HELP = ("built-in name (smollm2-135m, gemma3-270m, qwen2.5-coder-1.5b, qwen2.5-coder-0.5b; the Qwen files need "
+              "`make models`), a Hugging Face folder, or with --backend llama.cpp a PATH.gguf")
 
 
 def add_backend_arg(p) -> None:

@@ -6,9 +6,11 @@ A spec, as `--drafter` takes it:
   default  the drafter shipped for the target's model together with the n-gram lookup (a HybridDrafter: the
            policy takes whichever draft pays more); the n-gram drafter alone, with a note, for a model that
            has none shipped
+  model:NAME|PATH  draft-model speculation: a smaller LM of the target's vocabulary (a built-in model name, a
+           GGUF or a Hugging Face folder, on the target's backend) drafts autoregressively (drafters/draft_model.py)
   PATH     a drafter folder, or the folder `hyflash train --out PATH` wrote (its drafter is PATH/drafter)
-Room is left for more kinds of spec (a "model:NAME" small-model drafter, say): `is_folder` is the one test
-of "this spec names a folder", and `build_drafter` / `needs_features` the one reading of each kind.
+`is_folder` is the one test of "this spec names a folder", and `build_drafter` / `needs_features` the one
+reading of each kind.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 from pathlib import Path
 
 from hyflash.drafters.base import Drafter
+from hyflash.drafters.draft_model import DraftModelConfig, load_draft_model
 from hyflash.drafters.hybrid import HybridDrafter
 from hyflash.drafters.loading import CONFIG_FILE, drafter_folder, inference_dtype
 from hyflash.drafters.model import DrafterModel
@@ -25,7 +28,9 @@ from hyflash.drafters.state import DrafterState
 from hyflash.errors import HyflashError
 
 SPECS = ("none", "ngram", "default")  # the named specs; anything else is a PATH
-SPEC_HELP = "none | ngram | default | PATH to a drafter folder (or a `hyflash train --out` folder)"
+DRAFT_MODEL_PREFIX = "model:"  # model:NAME|PATH, a smaller LM as the drafter
+SPEC_HELP = ("none | ngram | default | PATH to a drafter folder (or a `hyflash train --out` folder) | model:NAME|PATH "
+             "(a smaller LM of the target's vocabulary drafts)")
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "drafters"
 # Built-in target name -> folder of its shipped drafter (trained with the recipe in docs/training.md).
 SHIPPED_DRAFTERS = {"smollm2-135m": ASSETS / "smollm2-135m"}
@@ -34,7 +39,7 @@ NGRAM_BLOCK = 8
 
 def is_folder(spec: str | None) -> bool:
     """Whether `spec` names a drafter folder (rather than none, ngram or default)."""
-    return spec is not None and spec not in SPECS
+    return spec is not None and spec not in SPECS and not spec.startswith(DRAFT_MODEL_PREFIX)
 
 
 def shipped_drafter_path(model: str) -> Path:
@@ -90,4 +95,7 @@ def build_drafter(spec: str, target, block_size: int | None = None, quiet: bool 
         spec = "ngram"
     if spec == "ngram":
         return NgramDrafter(block_size=block_size or NGRAM_BLOCK)
+    if spec.startswith(DRAFT_MODEL_PREFIX):
+        config = DraftModelConfig(max_draft=block_size - 1) if block_size else DraftModelConfig()
+        return load_draft_model(spec.removeprefix(DRAFT_MODEL_PREFIX), target, config)
     return load_drafter(spec, target)

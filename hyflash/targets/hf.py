@@ -166,6 +166,9 @@ class HFTarget(BaseTarget):
     def identity(self) -> dict:
         return hf_identity(self.precision)
 
+    def load_sibling(self, name_or_path: str) -> "HFTarget":
+        return HFTarget.load(name_or_path, dtype=self.precision)
+
     def _eos_ids(self) -> frozenset[int]:
         ids: set[int] = set()
         for source in (getattr(self.model, "generation_config", None), self.model.config, self.tokenizer):

@@ -71,7 +71,7 @@ class LlamaCppTokenizer:
         self.eos_token_id = int(llama_cpp.llama_vocab_eos(vocab))
         self.bos_token_id = int(llama_cpp.llama_vocab_bos(vocab))
 
-    def _piece(self, token: int) -> str:
+    def piece(self, token: int) -> str:
         return llama_cpp.llama_vocab_get_text(self.vocab, token).decode("utf-8", errors="replace") if token >= 0 else ""
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
@@ -91,8 +91,8 @@ class LlamaCppTokenizer:
     def apply_chat_template(self, messages, add_generation_prompt: bool = True, tokenize: bool = True):
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-        formatter = Jinja2ChatFormatter(self.chat_template, eos_token=self._piece(self.eos_token_id),
-                                        bos_token=self._piece(self.bos_token_id),
+        formatter = Jinja2ChatFormatter(self.chat_template, eos_token=self.piece(self.eos_token_id),
+                                        bos_token=self.piece(self.bos_token_id),
                                         add_generation_prompt=add_generation_prompt)
         text = formatter(messages=messages).prompt
         # The template writes BOS itself when the model wants one: add nothing, parse its special tokens.
@@ -311,6 +311,9 @@ class LlamaCppTarget(BaseTarget):
         llama_cpp.llama_model_desc(self._model, buf, len(buf))
         parts = buf.value.decode(errors="replace").split(" ", 2)
         return parts[2] if len(parts) == 3 else "gguf"
+
+    def load_sibling(self, name_or_path: str) -> "LlamaCppTarget":
+        return LlamaCppTarget.load(name_or_path, record_features=False, n_threads=self.threads)
 
     def identity(self) -> dict:
         """What, besides the CPU, makes a cost curve of this target valid: llama.cpp's version and build (its
