@@ -29,7 +29,10 @@ from pathlib import Path
 
 from hyflash.errors import HyflashError
 
-PROMPT_KINDS = ("code", "complete", "explain", "write", "long", "multiturn", "prose")
+PROMPT_KINDS = ("code", "complete", "explain", "write", "long", "multiturn", "prose", "task", "dialogue", "user")
+# Kinds that go through the chat template (the rest are raw text to continue). task and dialogue come from
+# hyflash/training/varied_prompts.py, user from the user's own file (hyflash/training/user_prompts.py).
+CHAT_KINDS = ("complete", "explain", "write", "multiturn", "task", "dialogue", "user")
 # Directories that are not standard-library code of their own (third-party installs, bytecode caches).
 _SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "idlelib", "turtledemo"}
 
@@ -40,10 +43,11 @@ class Prompt:
     module: str  # source module path relative to the stdlib root, e.g. "json/decoder.py"
     text: str  # user message (chat kinds) or raw text to continue (code, long, prose)
     history: tuple[str, ...] = ()  # earlier turns before `text`, alternating user / assistant (multiturn)
+    system: str = ""  # a system message before the turns ("" = the chat template's default)
 
     @property
     def chat(self) -> bool:
-        return self.kind in ("complete", "explain", "write", "multiturn")
+        return self.kind in CHAT_KINDS
 
 
 def stdlib_root() -> Path:
