@@ -301,7 +301,7 @@ def build_dataset(
         dtype = feature_dtype or ("" if config.backend == "transformers" else config.dtype)
         cache = FeatureCache(Path(feature_cache), target, DTYPES[dtype] if dtype else None)
     done = {s["index"] for s in manifest["shards"]
-            if s["index"] < n_shards and s["sequences"] == wanted(s["index"]) and shard_intact(out, s, progress)}
+            if s["index"] < n_shards and s["sequences"] == wanted(s["index"]) and shard_intact(out, s)}
     manifest["shards"] = [s for s in manifest["shards"] if s["index"] in done]
     maker = None
     if config.backend == "llama.cpp":
@@ -371,13 +371,12 @@ def load_data_target(config: DataConfig, with_features: bool):
     return target
 
 
-def shard_intact(folder: Path, shard: dict, verbose: bool = True) -> bool:
+def shard_intact(folder: Path, shard: dict) -> bool:
     """Whether a listed shard's file is there and matches its checksum (else it is generated again)."""
     path = Path(folder) / shard["file"]
     if path.exists() and hashlib.sha256(path.read_bytes()).hexdigest() == shard["sha256"]:
         return True
-    if verbose:
-        print(f"{path} is {'corrupt' if path.exists() else 'missing'}: generating it again", flush=True)
+    print(f"{path} is {'corrupt' if path.exists() else 'missing'}: generating it again", flush=True)
     return False
 
 
