@@ -35,7 +35,10 @@ from pathlib import Path
 from hyflash.errors import HyflashError
 
 PROSE_MIN_CHARS = 2500  # shorter package descriptions are mostly badges and links, not prose
-PROMPT_KINDS = ("code", "complete", "explain", "write", "long", "multiturn", "prose")
+PROMPT_KINDS = ("code", "complete", "explain", "write", "long", "multiturn", "prose", "task", "dialogue", "user")
+# Kinds that go through the chat template (the rest are raw text to continue). task and dialogue come from
+# hyflash/training/varied_prompts.py, user from the user's own file (hyflash/training/user_prompts.py).
+CHAT_KINDS = ("complete", "explain", "write", "multiturn", "task", "dialogue", "user")
 # Directories that are not standard-library code of their own (third-party installs, bytecode caches).
 _SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "idlelib", "turtledemo"}
 
@@ -46,10 +49,11 @@ class Prompt:
     module: str  # source module path relative to the stdlib root, e.g. "json/decoder.py"
     text: str  # user message (chat kinds) or raw text to continue (code, long, prose)
     history: tuple[str, ...] = ()  # earlier turns before `text`, alternating user / assistant (multiturn)
+    system: str = ""  # a system message before the turns ("" = the chat template's default)
 
     @property
     def chat(self) -> bool:
-        return self.kind in ("complete", "explain", "write", "multiturn")
+        return self.kind in CHAT_KINDS
 
 
 def stdlib_root() -> Path:
@@ -76,7 +80,7 @@ def split_of(module: str, heldout_percent: int = 5) -> str:
     return "heldout" if bucket < heldout_percent else "train"
 
 
-def _functions(tree: ast.AST) -> list[ast.FunctionDef]:
+def top_level_functions(tree: ast.AST) -> list[ast.FunctionDef]:
     return [
         node
         for node in ast.walk(tree)
@@ -84,26 +88,26 @@ def _functions(tree: ast.AST) -> list[ast.FunctionDef]:
     ]
 
 
-def _header_and_doc(lines: list[str], fn: ast.FunctionDef) -> str | None:
+def header_and_doc(lines: list[str], fn: ast.FunctionDef) -> str | None:
     """Signature + docstring of a function (dedented), or None if it has no docstring."""
     doc = ast.get_docstring(fn)
     if not doc or not fn.body or not isinstance(fn.body[0], ast.Expr):
         return None
     first = fn.lineno - 1 - len(fn.decorator_list)
-    return _dedent(lines[first : fn.body[0].end_lineno])
+    return dedent(lines[first : fn.body[0].end_lineno])
 
 
-def _dedent(text: list[str]) -> str:
+def dedent(text: list[str]) -> str:
     """Remove the first line's indentation from every line (methods become top-level functions)."""
     indent = len(text[0]) - len(text[0].lstrip())
     return "".join(line[indent:] if not line[:indent].strip() else line.lstrip() for line in text)
 
 
-def _source(lines: list[str], fn: ast.FunctionDef) -> str:
-    return _dedent(lines[fn.lineno - 1 : fn.end_lineno])
+def function_source(lines: list[str], fn: ast.FunctionDef) -> str:
+    return dedent(lines[fn.lineno - 1 : fn.end_lineno])
 
 
-def _signature(fn: ast.FunctionDef) -> str:
+def signature_of(fn: ast.FunctionDef) -> str:
     return f"{fn.name}({ast.unparse(fn.args)})"
 
 
@@ -129,11 +133,11 @@ def prompts_for_module(
     except (UnicodeDecodeError, SyntaxError, ValueError, OSError):
         return []  # test fixtures with bad syntax or encodings: not useful prompts
     lines = source.splitlines(keepends=True)
-    functions = [fn for fn in _functions(tree) if 3 <= fn.end_lineno - fn.lineno <= 60]
+    functions = [fn for fn in top_level_functions(tree) if 3 <= fn.end_lineno - fn.lineno <= 60]
     rng.shuffle(functions)
     out: list[Prompt] = []
     for fn in functions[:per_module]:
-        header = _header_and_doc(lines, fn)
+        header = header_and_doc(lines, fn)
         # Chat kinds dominate where a docstring allows them: the benchmark (HumanEval) is chat-formatted.
         if header is not None:
             kind = rng.choices(("complete", "write", "explain", "code"), weights=(4, 2, 1, 3))[0]
@@ -141,7 +145,7 @@ def prompts_for_module(
             kind = rng.choices(("complete", "explain", "code"), weights=(3, 1, 3))[0]
             # No docstring: the signature and the first body lines stand in for it.
             first = fn.lineno - 1 - len(fn.decorator_list)
-            header = _dedent(lines[first : fn.body[0].lineno - 1 + rng.randint(1, 3)])
+            header = dedent(lines[first : fn.body[0].lineno - 1 + rng.randint(1, 3)])
         if kind == "code":
             # Up to 40 lines before the function, then its first few lines: the target continues the body.
             body_lines = rng.randint(1, max(1, min(6, fn.end_lineno - fn.lineno)))
@@ -151,10 +155,10 @@ def prompts_for_module(
             text = f"Complete the following Python function:\n```python\n{header}```"
             out.append(Prompt("complete", module, text))
         elif kind == "explain":
-            out.append(Prompt("explain", module, f"Explain what this Python function does:\n```python\n{_source(lines, fn)}```"))
+            out.append(Prompt("explain", module, f"Explain what this Python function does:\n```python\n{function_source(lines, fn)}```"))
         else:
             summary = ast.get_docstring(fn).strip().splitlines()[0]
-            out.append(Prompt("write", module, f"Write a Python function `{_signature(fn)}`: {summary}"))
+            out.append(Prompt("write", module, f"Write a Python function `{signature_of(fn)}`: {summary}"))
     if long_chars and len(source) > long_chars and functions:
         # A long prefix that ends inside a function late in the file: the answer depends on far context.
         late = [fn for fn in functions if sum(len(x) for x in lines[: fn.lineno]) > long_chars // 2]
@@ -167,14 +171,14 @@ def prompts_for_module(
     if multiturn_every:
         # After every other kind, so enabling it leaves the other prompts of the module unchanged.
         for fn in functions[per_module :: multiturn_every][:per_module]:
-            header = _header_and_doc(lines, fn)
+            header = header_and_doc(lines, fn)
             if header is None:
                 continue
             summary = ast.get_docstring(fn).strip().splitlines()
             if not summary:
                 continue
-            first = f"Write a Python function `{_signature(fn)}`: {summary[0]}"
-            answer = f"```python\n{_source(lines, fn)}```"
+            first = f"Write a Python function `{signature_of(fn)}`: {summary[0]}"
+            answer = f"```python\n{function_source(lines, fn)}```"
             out.append(Prompt("multiturn", module, rng.choice(FOLLOW_UPS), history=(first, answer)))
     return out
 

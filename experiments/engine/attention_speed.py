@@ -3,7 +3,7 @@ import time, torch, sys
 torch.set_num_threads(1)
 from hyflash.targets import HFTarget
 import hyflash.targets.attention as A
-from hyflash.training.prompts import build_prompts
+from hyflash.corpora import build_prompts
 mode = sys.argv[1]
 if mode == "sdpa":
     A.use_for = lambda m: False

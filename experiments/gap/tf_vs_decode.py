@@ -30,7 +30,7 @@ from hyflash.targets import HFTarget
 from hyflash.training.data import TokenDataset
 from hyflash.drafters.registry import resolve_spec
 from hyflash.training.features import teacher_features
-from hyflash.training.prompts import build_prompts
+from hyflash.corpora import build_prompts
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

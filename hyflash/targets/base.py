@@ -165,24 +165,26 @@ class BaseTarget(ABC):
         return F.linear(hidden.to(w), w)
 
     # ----- text ----------------------------------------------------------------------------------------
-    def encode_prompt(self, text: str, chat: bool | None = None, history: tuple[str, ...] = ()) -> list[int]:
+    def encode_prompt(self, text: str, chat: bool | None = None, history: tuple[str, ...] = (),
+                      system: str = "") -> list[int]:
         """Tokenise a prompt; with a chat template (and chat not False) format it as one user turn, after
-        the earlier turns in `history` (alternating user, assistant)."""
+        the earlier turns in `history` (alternating user, assistant) and a `system` message if one is given."""
         if not text or not text.strip():
             raise HyflashError("the prompt is empty: pass some text with --prompt")
         tok = self.tokenizer
         use_chat = bool(getattr(tok, "chat_template", None)) if chat is None else chat
         if use_chat:
             roles = ("user", "assistant")
-            messages = [{"role": roles[i % 2], "content": t} for i, t in enumerate(history)]
+            messages = [{"role": "system", "content": system}] if system else []
+            messages += [{"role": roles[i % 2], "content": t} for i, t in enumerate(history)]
             ids = tok.apply_chat_template(
                 messages + [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
             )
             if isinstance(ids, dict) or hasattr(ids, "keys"):
                 ids = ids["input_ids"]
         else:
-            if history:
-                raise HyflashError(f"{self.name} has no chat template: earlier turns need one")
+            if history or system:
+                raise HyflashError(f"{self.name} has no chat template: earlier turns and system messages need one")
             ids = tok(text)["input_ids"]
         ids = [int(i) for i in ids]
         self.check_prompt_length(len(ids))

@@ -504,21 +504,30 @@ class LlamaCppTarget(BaseTarget):
                 batch.seq_id[i][k] = seq
             batch.logits[i] = i >= first_output
         batch.n_tokens = q
+        logits, feats = self._run(self._ctx, batch, ids, outputs, features,
+                                  where=f"at {self._length} cached tokens")
+        self._length += q
+        return logits, feats
+
+    def _run(self, ctx, batch, ids: list[int], outputs: int, features: bool,
+             where: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """llama_decode of a filled `batch` in `ctx`: logits of its `outputs` flagged positions (in batch order)
+        and, when recording, the feature rows of every token [q, nF, H] from the eval callback."""
+        q = len(ids)
         self._parts = [[] for _ in self.feature_layers]
         self._callback_error = None
         self._recording = features
         try:
-            rc = llama_cpp.llama_decode(self._ctx, batch)
+            rc = llama_cpp.llama_decode(ctx, batch)
         finally:
             self._recording = False
         if self._callback_error is not None:
             raise self._callback_error
         if rc != 0:
-            raise HyflashError(f"llama.cpp decode failed (code {rc}) at {self._length} cached tokens")
-        self._length += q
+            raise HyflashError(f"llama.cpp decode failed (code {rc}) {where}")
         logits = torch.empty(0, self.vocab_size)
         if outputs:  # rows in batch order of the flagged positions
-            ptr = llama_cpp.llama_get_logits(self._ctx)
+            ptr = llama_cpp.llama_get_logits(ctx)
             logits = torch.from_numpy(np.ctypeslib.as_array(ptr, shape=(outputs, self.vocab_size)).copy())
         if not features:
             return logits, None
@@ -534,3 +543,62 @@ class LlamaCppTarget(BaseTarget):
                     f"{self.architecture} graph does not name its layer outputs `l_out-N` as expected")
             layers.append(torch.from_numpy(rows))
         return logits, torch.stack(layers, dim=1)
+
+    def open_streams(self, slots: int, seq_context: int, features: bool) -> "SequenceStreams":
+        """A llama.cpp context of its own on this model for `slots` independent sequences of up to
+        `seq_context` tokens each (batched data generation); features from this target's eval callback."""
+        return SequenceStreams(self, slots, seq_context, features)
+
+
+class SequenceStreams:
+    """`slots` sequences in one llama_context, each in its own KV stream (kv_unified off): a sequence's cells
+    start at 0 and stay in position order, as in the target's own single-sequence cache, and attention reads
+    only its own stream. llama.cpp cuts a multi-stream batch into runs of consecutive sequence ids in
+    increasing order, so with tokens in slot order the eval callback's feature rows are in batch order."""
+
+    def __init__(self, target: LlamaCppTarget, slots: int, seq_context: int, features: bool):
+        if features and not target.record_features:
+            raise HyflashError("the llama.cpp target was loaded with record_features=False: it cannot give features")
+        if slots > BATCH:
+            raise HyflashError(f"--batch-size {slots} is more than llama.cpp's batch of {BATCH} tokens")
+        self.target, self.slots, self.seq_context, self.features = target, slots, seq_context, features
+        # The final norm's rows exist for output positions only: a recording prefill flags every position.
+        self.all_outputs = features and target._all_outputs
+        params = llama_cpp.llama_context_params.from_buffer_copy(target._plain_params)
+        params.n_seq_max = slots
+        params.kv_unified = False
+        params.n_ctx = slots * seq_context
+        if features:
+            params.cb_eval = target._cb
+        self.ctx = llama_cpp.llama_init_from_model(target._model, params)
+        if not self.ctx:
+            raise HyflashError(f"llama.cpp could not create a context of {slots} x {seq_context} tokens "
+                               f"for {target.name}: use a smaller --batch-size")
+        self.mem = llama_cpp.llama_get_memory(self.ctx)
+        self.batch = llama_cpp.llama_batch_init(BATCH, 0, 1)
+
+    def clear(self, slot: int) -> None:
+        llama_cpp.llama_memory_seq_rm(self.mem, slot, -1, -1)
+
+    def decode(self, entries: list[tuple[int, int, int]], outputs: list[bool]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One llama_decode of (token, position, slot) entries: logits of the flagged ones [n_out, V] and, when
+        recording, the feature rows of every entry [n, nF, H] (float32)."""
+        batch = self.batch
+        for i, ((token, pos, slot), out) in enumerate(zip(entries, outputs)):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, pos, 1, out
+            batch.seq_id[i][0] = slot
+        batch.n_tokens = len(entries)
+        return self.target._run(self.ctx, batch, [e[0] for e in entries], sum(outputs), self.features,
+                                where="in batched generation")
+
+    def close(self) -> None:
+        if self.ctx:
+            llama_cpp.llama_batch_free(self.batch)
+            llama_cpp.llama_free(self.ctx)
+            self.ctx = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown may have torn the bindings down already
+            pass

@@ -26,10 +26,27 @@ def add_cli(sub) -> None:
     p.add_argument("--feature-dtype", default="", choices=["", "bfloat16", "float32"],
                    help="file the features for a training run in this dtype (default: --dtype); e.g. generate "
                         "long sequences in float32, which decodes them faster, for a bfloat16 training run")
-    add_dataclass_flags(p, DataConfig, helps={"split": "train | heldout (disjoint stdlib modules)",
-                                              "num_prompts": "how many prompts; 0 = all of the split"})
+    add_dataclass_flags(p, DataConfig, helps={
+        "split": "train | heldout (disjoint stdlib modules)",
+        "num_prompts": "how many prompts; 0 = all of the split",
+        "source": "stdlib: code, completion, explanation prompts from the standard library | varied: many tasks "
+                  "(edits, bug fixes, tests, docstrings, multi-turn) in many phrasings; heldout in other phrasings",
+        "prompts": "your own prompts: JSONL of OpenAI {\"messages\": [...]}, ShareGPT {\"conversations\": [...]}, "
+                   "or plain text, one prompt a line (the chat template is applied)",
+        "backend": "transformers | llama.cpp (the GGUF itself, several sequences per batch; prints its speed and "
+                   "an ETA first)",
+        "dtype": "the transformers target's dtype; on llama.cpp the features' storage dtype"})
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(handler=cmd_data)
+
+    p = sub.add_parser("prompts", help="write the varied prompt source's chat prompts as OpenAI-style JSONL "
+                                       "(e.g. a held-out set phrased unlike the training prompts)")
+    p.add_argument("--out", required=True, help="the .jsonl file to write")
+    p.add_argument("--split", default="heldout", choices=["train", "heldout"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num", type=int, default=0, help="at most this many prompts (0 = all of the split)")
+    p.add_argument("--per-file", type=int, default=3, help="prompts per source file")
+    p.set_defaults(handler=cmd_prompts)
 
     p = sub.add_parser("train", help="train a drafter on target-written data (resumable; runs under torchrun)")
     p.add_argument("--data", required=True, nargs="+", help="data folders made by `hyflash data`")
@@ -54,6 +71,19 @@ def cmd_data(args) -> int:
         f"{args.out}: {sum(s['sequences'] for s in shards)} sequences, {sum(s['tokens'] for s in shards)} tokens "
         f"({sum(s['generated'] for s in shards)} written by the target) in {len(shards)} shards"
     )
+    return 0
+
+
+def cmd_prompts(args) -> int:
+    import random
+
+    from hyflash.training.user_prompts import write_prompt_file
+    from hyflash.training.varied_prompts import varied_prompts
+
+    prompts = varied_prompts(args.split, seed=args.seed, per_file=args.per_file)
+    random.Random(args.seed).shuffle(prompts)
+    n = write_prompt_file(args.out, prompts[: args.num] if args.num else prompts)
+    print(f"{args.out}: {n} {args.split} chat prompts")
     return 0
 
 

@@ -29,8 +29,10 @@ import torch
 from hyflash.corpora import PROMPT_KINDS, Prompt, build_prompts
 from hyflash.errors import HyflashError
 from hyflash.files import atomic_write_bytes, atomic_write_json
-from hyflash.targets import DTYPES, HFTarget
+from hyflash.targets import DTYPES, HFTarget, load_target
 from hyflash.training.features import FeatureCache, FeatureRecorder
+from hyflash.training.user_prompts import read_prompt_file
+from hyflash.training.varied_prompts import build_varied
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -61,6 +63,9 @@ class DataConfig:
     multiturn_every: int = 0  # every n-th further function of a module as a two-turn chat; 0 = none
     prose_per_package: int = 0  # docstring-continuation prompts per installed package; 0 = none
     kinds: str = ""  # comma list of prompt kinds to keep (e.g. "long" for a long-context folder); "" = all
+    source: str = "stdlib"  # stdlib: the prompts above | varied: many tasks and phrasings (varied_prompts.py)
+    prompts: str = ""  # a file of the user's own prompts (JSONL messages / conversations, or text lines)
+    backend: str = "transformers"  # transformers | llama.cpp (the GGUF, several sequences per batch)
 
     def __post_init__(self) -> None:
         """Refuse nonsensical numbers up front (before any model loads), naming the command-line option."""
@@ -78,6 +83,9 @@ class DataConfig:
         check("sampled_fraction", 0.0 <= self.sampled_fraction <= 1.0, "between 0 and 1")
         check("temperature", self.temperature >= 0.0, ">= 0")
         check("top_p", 0.0 < self.top_p <= 1.0, "in (0, 1]")
+        check("source", self.source in ("stdlib", "varied"), "stdlib or varied")
+        check("backend", self.backend in ("transformers", "llama.cpp"), "transformers or llama.cpp")
+        check("source", not (self.prompts and self.source != "stdlib"), "left out with --prompts (the file is the source)")
         unknown = sorted(set(self.kind_list()) - set(PROMPT_KINDS))
         check("kinds", not unknown, f"a comma list of {', '.join(PROMPT_KINDS)} (unknown: {', '.join(unknown)})")
 
@@ -86,17 +94,26 @@ class DataConfig:
 
 
 # Settings added after data folders were first written, with the values that reproduce those folders.
-_ADDED_SETTINGS = {"per_module": 4, "long_per_module": 1, "multiturn_every": 0, "prose_per_package": 0, "kinds": ""}
+_ADDED_SETTINGS = {"per_module": 4, "long_per_module": 1, "multiturn_every": 0, "prose_per_package": 0, "kinds": "",
+                   "source": "stdlib", "prompts": "", "backend": "transformers"}
 
 
 def select_prompts(config: DataConfig) -> list[Prompt]:
-    """The deterministic prompt list: long prompts thinned to one per `long_every`."""
+    """The deterministic prompt list: long prompts thinned to one per `long_every`. A --prompts file is
+    taken as it is, in file order (--split does not apply to it)."""
     root = Path(config.source_root) if config.source_root else None
-    prompts = build_prompts(
-        config.split, seed=config.seed, per_module=config.per_module, long_chars=config.long_chars, root=root,
-        long_per_module=config.long_per_module, multiturn_every=config.multiturn_every,
-        prose_per_package=config.prose_per_package,
-    )
+    if config.prompts:
+        prompts = read_prompt_file(config.prompts)
+    elif config.source == "varied":
+        prompts = build_varied(config.split, seed=config.seed, per_file=config.per_module, root=root,
+                               long_chars=config.long_chars, long_per_module=config.long_per_module,
+                               prose_per_package=config.prose_per_package)
+    else:
+        prompts = build_prompts(
+            config.split, seed=config.seed, per_module=config.per_module, long_chars=config.long_chars, root=root,
+            long_per_module=config.long_per_module, multiturn_every=config.multiturn_every,
+            prose_per_package=config.prose_per_package,
+        )
     keep = set(config.kind_list()) or set(PROMPT_KINDS)
     out, since_long = [], config.long_every
     for p in prompts:
@@ -113,7 +130,7 @@ def select_prompts(config: DataConfig) -> list[Prompt]:
 
 def encode(target, prompt: Prompt, config: DataConfig) -> list[int]:
     if prompt.chat:
-        ids = target.encode_prompt(prompt.text, chat=True, history=prompt.history)
+        ids = target.encode_prompt(prompt.text, chat=True, history=prompt.history, system=prompt.system)
     else:
         ids = [int(i) for i in target.tokenizer(prompt.text)["input_ids"]]
     if prompt.kind != "long" and len(ids) > config.max_prompt_tokens:
@@ -176,12 +193,18 @@ def _batches(items: list[int], size: int) -> list[list[int]]:
 
 
 def make_shard(
-    target, prompts: list[Prompt], first_index: int, config: DataConfig, with_features: bool = False
+    target, prompts: list[Prompt], first_index: int, config: DataConfig, with_features: bool = False, maker=None,
 ) -> tuple[dict[str, np.ndarray], list[torch.Tensor] | None]:
-    """Generate one shard: prompts grouped by (long, sampled) and sorted by length to limit padding."""
+    """Generate one shard: prompts grouped by (long, sampled) and sorted by length to limit padding (on
+    llama.cpp: `maker`, a LlamaCppShardMaker, runs them all through continuous batching)."""
     rng = np.random.default_rng([config.seed, first_index])
     sampled = rng.random(len(prompts)) < config.sampled_fraction
     encoded = [encode(target, p, config) for p in prompts]
+    if maker is not None:
+        requests = maker.run(encoded, [p.kind == "long" for p in prompts], list(sampled), first_index)
+        continuation = [r.tokens for r in requests]
+        features = [r.feature_rows[0] for r in requests] if with_features else None
+        return shard_arrays(encoded, continuation, sampled, first_index, target.vocab_size), features
     continuation: list[list[int] | None] = [None] * len(prompts)
     features: list[torch.Tensor | None] = [None] * len(prompts)
     for is_long in (False, True):
@@ -199,17 +222,22 @@ def make_shard(
                     continuation[i] = o
                     if feats is not None:
                         features[i] = feats[j]
+    return (shard_arrays(encoded, continuation, sampled, first_index, target.vocab_size),
+            features if with_features else None)
+
+
+def shard_arrays(encoded: list[list[int]], continuation: list[list[int]], sampled: np.ndarray, first_index: int,
+                 vocab_size: int) -> dict[str, np.ndarray]:
+    """The arrays of one shard (see the module doc)."""
     seqs = [e + c for e, c in zip(encoded, continuation)]
-    token_dtype = np.uint16 if target.vocab_size <= 1 << 16 else np.uint32
-    offsets = np.cumsum([0] + [len(s) for s in seqs]).astype(np.int64)
-    arrays = {
+    token_dtype = np.uint16 if vocab_size <= 1 << 16 else np.uint32
+    return {
         "tokens": np.concatenate([np.asarray(s, dtype=token_dtype) for s in seqs]),
-        "offsets": offsets,
+        "offsets": np.cumsum([0] + [len(s) for s in seqs]).astype(np.int64),
         "gen_start": np.asarray([len(e) for e in encoded], dtype=np.int32),
-        "sampled": sampled.astype(np.uint8),
-        "prompt_index": np.arange(first_index, first_index + len(prompts), dtype=np.int32),
+        "sampled": np.asarray(sampled).astype(np.uint8),
+        "prompt_index": np.arange(first_index, first_index + len(encoded), dtype=np.int32),
     }
-    return arrays, (features if with_features else None)
 
 
 def _config_fingerprint(config: DataConfig) -> dict:
@@ -250,10 +278,12 @@ def build_dataset(
     else:
         manifest = {"version": FORMAT_VERSION, "config": _config_fingerprint(config), "shards": [], "complete": False}
     prompts = select_prompts(config)
+    if config.prompts:  # the settings name the file; its checksum tells whether it is the same file
+        digest = hashlib.sha256(Path(config.prompts).expanduser().read_bytes()).hexdigest()
+        if manifest.setdefault("prompts_sha256", digest) != digest:
+            raise HyflashError(f"{config.prompts} changed since {out} was started: use another --out folder")
     if target is None:
-        target = HFTarget.load(config.model, dtype=config.dtype)
-        if torch.cuda.is_available():  # as `hyflash train`: a GPU generates when there is one
-            target.model.to("cuda")
+        target = load_data_target(config, with_features=bool(feature_cache))
     manifest["target"] = {"name": config.model, **target.signature()}
     n_shards = (len(prompts) + config.shard_prompts - 1) // config.shard_prompts
 
@@ -263,9 +293,21 @@ def build_dataset(
     # A shard is done if it holds all the prompts it should (the last one grows when num_prompts does).
     cache = None
     if feature_cache:
-        cache = FeatureCache(Path(feature_cache), target, DTYPES[feature_dtype] if feature_dtype else None)
-    done = {s["index"] for s in manifest["shards"] if s["index"] < n_shards and s["sequences"] == wanted(s["index"])}
+        # A llama.cpp target computes in float32: its features are filed in --feature-dtype, else --dtype.
+        dtype = feature_dtype or ("" if config.backend == "transformers" else config.dtype)
+        cache = FeatureCache(Path(feature_cache), target, DTYPES[dtype] if dtype else None)
+    done = {s["index"] for s in manifest["shards"]
+            if s["index"] < n_shards and s["sequences"] == wanted(s["index"]) and shard_intact(out, s)}
     manifest["shards"] = [s for s in manifest["shards"] if s["index"] in done]
+    maker = None
+    if config.backend == "llama.cpp":
+        from hyflash.training.llamacpp_data import LlamaCppShardMaker
+
+        maker = LlamaCppShardMaker(target, config, cache is not None, cache.dtype if cache else torch.float32)
+        pending = [p for s in range(n_shards) if s not in done
+                   for p in prompts[s * config.shard_prompts : (s + 1) * config.shard_prompts]]
+        if pending:  # also without a progress bar: a log should say how long the run will take
+            print(measure_speed(maker, target, pending, config), flush=True)
 
     from tqdm import tqdm
 
@@ -276,7 +318,7 @@ def build_dataset(
         if s in done:
             continue
         chunk = prompts[s * config.shard_prompts : (s + 1) * config.shard_prompts]
-        arrays, feats = make_shard(target, chunk, s * config.shard_prompts, config, cache is not None)
+        arrays, feats = make_shard(target, chunk, s * config.shard_prompts, config, cache is not None, maker)
         data = save(arrays)
         if cache is not None:  # before the manifest names the shard: a listed shard has its features
             sha = hashlib.sha256(data).hexdigest()
@@ -303,9 +345,45 @@ def build_dataset(
         bar.update(len(chunk))
         bar.set_postfix(gen_tok_s=f"{written / (time.perf_counter() - start):.0f}")
     bar.close()
+    if maker is not None:
+        maker.close()
     manifest["complete"] = True
     atomic_write_json(manifest_path, manifest)
     return manifest
+
+
+def load_data_target(config: DataConfig, with_features: bool):
+    """The target that writes the data: transformers in --dtype (on a GPU when there is one), or the GGUF on
+    llama.cpp (with the eval callback only when features are recorded)."""
+    if config.backend == "llama.cpp":
+        return load_target(config.model, "auto", "llama.cpp", record_features=with_features)
+    target = HFTarget.load(config.model, dtype=config.dtype)
+    if torch.cuda.is_available():  # as `hyflash train`: a GPU generates when there is one
+        target.model.to("cuda")
+    return target
+
+
+def shard_intact(folder: Path, shard: dict) -> bool:
+    """Whether a listed shard's file is there and matches its checksum (else it is generated again)."""
+    path = Path(folder) / shard["file"]
+    if path.exists() and hashlib.sha256(path.read_bytes()).hexdigest() == shard["sha256"]:
+        return True
+    print(f"{path} is {'corrupt' if path.exists() else 'missing'}: generating it again", flush=True)
+    return False
+
+
+def measure_speed(maker, target, prompts: list[Prompt], config: DataConfig, warmup_tokens: int = 16) -> str:
+    """Generate a few prompts briefly (results dropped) and return the speed and ETA line for `prompts`."""
+    from hyflash.training.llamacpp_data import GenerationStats, speed_line
+
+    encoded = [encode(target, p, config) for p in prompts]
+    long = [p.kind == "long" for p in prompts]
+    first = [i for i, lg in enumerate(long) if not lg][: config.batch_size] or [0]
+    maker.run([encoded[i] for i in first], [long[i] for i in first], [False] * len(first), 0,
+              new_tokens=(warmup_tokens, warmup_tokens))
+    stats, maker.stats = maker.stats, GenerationStats()
+    new = sum(config.long_new_tokens if lg else config.max_new_tokens for lg in long)
+    return speed_line(stats, config.batch_size, sum(map(len, encoded)), new, len(prompts))
 
 
 def read_manifest(folder: Path) -> dict:
