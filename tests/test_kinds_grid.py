@@ -374,7 +374,7 @@ def test_tiny_scale_runs_end_to_end_and_resumes(tmp_path):
     # The committed copy: summary, claims, the bench and each run's configs and curves; no weights, no raw logs.
     docs = tmp_path / "docs"
     collected = subprocess.run(["bash", str(COLLECT), str(out)], env={**os.environ, "DEST": str(docs)},
-                               capture_output=True, text=True, timeout=30)
+                               capture_output=True, text=True, timeout=180)
     assert collected.returncode == 0, collected.stderr
     assert json.loads((docs / "summary.json").read_text()) == summary and (docs / "grid/bench/results.json").exists()
     assert sorted(p.name for p in (docs / "grid/runs").iterdir()) == ["full-d1-s0", "hyflash-d1-s0"]
@@ -382,7 +382,7 @@ def test_tiny_scale_runs_end_to_end_and_resumes(tmp_path):
     # A second bench of the same grid goes beside the first; the same drafters in two benches are refused.
     def collect(*args):
         return subprocess.run(["bash", str(COLLECT), str(out), *args], env={**os.environ, "DEST": str(docs)},
-                              capture_output=True, text=True, timeout=30)
+                              capture_output=True, text=True, timeout=180)
 
     again = collect("bench-2")
     assert again.returncode == 2 and "in both" in again.stderr and (docs / "grid/bench/results.json").exists()

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "kinds_nocopy_gpu.sh"
+SCRIPT = ROOT / "experiments" / "kinds" / "kinds_nocopy_gpu.sh"
 RUNS = "hyflash-d1-s0 full-d1-s0 hyflash-d1-s1 full-d1-s1"
 
 
