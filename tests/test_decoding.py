@@ -57,9 +57,30 @@ def test_metrics_are_consistent(llama_target):
     assert all(0 <= a <= d for a, d in zip(r.accepted_by_position, r.drafted_by_position))
     # Acceptance can only fall along the block: slot k is accepted only if slot k-1 was.
     assert r.accepted_by_position == sorted(r.accepted_by_position, reverse=True)
-    assert r.draft_time >= 0 and r.verify_time > 0 and r.total_time >= r.verify_time
+    assert r.draft_time > 0 and r.verify_time > 0 and r.total_time >= r.verify_time
     d = r.to_dict()
     assert {"tau", "acceptance_by_position", "tokens_per_second", "draft_memory_bytes"} <= d.keys()
+
+
+def test_draft_time_is_the_drafters_share_and_zero_without_one(llama_target, monkeypatch):
+    """Each draft sleeps 2 ms: draft_time holds at least those, and draft and verify time together fit in the
+    time after the prefill (disjoint shares); plain decoding has no draft time at all."""
+    import time
+
+    drafter = RandomDrafter(llama_target.vocab_size, block_size=5)
+    draft, drafts = drafter.draft, []
+
+    def slow_draft(*args, **kwargs):
+        drafts.append(1)
+        time.sleep(0.002)
+        return draft(*args, **kwargs)
+
+    monkeypatch.setattr(drafter, "draft", slow_draft)
+    r = generate(llama_target, [1, 2, 3], drafter, max_new_tokens=30)
+    assert len(drafts) >= 5 and r.draft_time >= 0.002 * len(drafts)
+    assert r.draft_time + r.verify_time <= r.total_time - r.prefill_time
+    plain = generate(llama_target, [1, 2, 3], None, max_new_tokens=30)
+    assert plain.draft_time == 0 and plain.verify_time > 0
 
 
 def test_stops_at_eos_and_streams(llama_target):

@@ -3,6 +3,7 @@ method's training step, checkpoint + exact resume, and the CLI."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -44,18 +45,20 @@ def test_arithmetic_splits_are_disjoint_and_answers_check():
 
 def test_humaneval_runs_in_a_limited_subprocess():
     problem = humaneval_problems()["HumanEval/0"]
-    assert tasks.check_humaneval(problem, problem["canonical_solution"]).status == "passed"
-    assert tasks.check_humaneval(problem, "    return False\n").status == "failed"
-    assert tasks.check_humaneval(problem, "    while True:\n        pass\n", timeout=1.0).status == "timeout"
+    run = functools.partial(tasks.check_humaneval, problem, allow_code_execution=True)
+    assert run(problem["canonical_solution"]).status == "passed"
+    assert run("    return False\n").status == "failed"
+    assert run("    while True:\n        pass\n", timeout=1.0).status == "timeout"
     hog = "    x = bytearray(2 << 30)\n    return False\n"  # 2 GiB: over the memory limit
-    assert tasks.check_humaneval(problem, hog, memory_mb=256).status == "failed"
+    assert run(hog, memory_mb=256).status == "failed"
 
 
 def test_humaneval_pass_at_1_pipeline(models):
     from hyflash.distill.trainer import evaluate_humaneval
 
     _, student, tok = models
-    assert evaluate_humaneval(student, tok, limit=2, max_new_tokens=4) == {"pass@1": 0.0, "problems": 2}
+    scores = evaluate_humaneval(student, tok, limit=2, max_new_tokens=4, allow_code_execution=True)
+    assert scores == {"pass@1": 0.0, "problems": 2}
 
 
 def test_humaneval_pass_at_1_scores_canonical_solutions_1_and_wrong_ones_0(monkeypatch):
@@ -76,9 +79,9 @@ def test_humaneval_pass_at_1_scores_canonical_solutions_1_and_wrong_ones_0(monke
 
     monkeypatch.setattr(trainer.rollout, "sample", writes_solutions)
     tok = SimpleNamespace(eos_token_id=None)
-    assert trainer.evaluate_humaneval(None, tok, limit=6) == {"pass@1": 1.0, "problems": 6}
+    assert trainer.evaluate_humaneval(None, tok, limit=6, allow_code_execution=True) == {"pass@1": 1.0, "problems": 6}
     wrong.update(p["prompt"] for p in list(problems.values())[1:4:2])
-    assert trainer.evaluate_humaneval(None, tok, limit=4) == {"pass@1": 0.5, "problems": 4}
+    assert trainer.evaluate_humaneval(None, tok, limit=4, allow_code_execution=True) == {"pass@1": 0.5, "problems": 4}
 
 
 # ----- rollouts and teacher scoring ------------------------------------------------------------------------

@@ -169,7 +169,7 @@ def test_measure_target_and_cache(llama_target, tmp_path, monkeypatch):
     again, measured_again = calibrate("tiny", "float32", drafter_spec=None, contexts=(8,), reps=1,
                                       target=llama_target)
     assert measured and not measured_again and again == first
-    assert first.feature_ms is not None and first.feature_ms >= 0  # what recording features adds to a pass
+    assert first.feature_ms is not None  # measured (its value: test_calibration_reads_what_features_cost)
     files = list((tmp_path / "calibration").glob("*.json"))
     assert len(files) == 1
     data = json.loads(files[0].read_text())["curve"]
@@ -180,6 +180,24 @@ def test_measure_target_and_cache(llama_target, tmp_path, monkeypatch):
         assert calibrate("tiny", "float32", drafter_spec=None, contexts=(8,), reps=1, target=llama_target)[1]
     finally:
         torch.set_num_threads(before)
+
+
+def test_calibration_reads_what_features_cost(llama_target, tmp_path, monkeypatch):
+    """A target whose passes with features take 3 ms longer: the calibrated feature_ms reads those 3 ms (a
+    feature_ms of 0, the difference taken the wrong way round and clipped, or the pass cost, would not)."""
+    import time
+
+    monkeypatch.setenv("HYFLASH_CACHE", str(tmp_path))
+    score = llama_target.score
+
+    def score_paying_for_features(ids, features=True, **kwargs):
+        if features:
+            time.sleep(0.003)
+        return score(ids, features=features, **kwargs)
+
+    monkeypatch.setattr(llama_target, "score", score_paying_for_features)
+    curve, measured = calibrate("tiny", "float32", drafter_spec=None, contexts=(8,), reps=1, target=llama_target)
+    assert measured and curve.feature_ms == pytest.approx(3.0, abs=1.0)
 
 
 def test_a_machine_that_slows_while_measured_does_not_bend_the_cost_curve(monkeypatch):

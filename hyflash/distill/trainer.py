@@ -209,9 +209,10 @@ HUMANEVAL_STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")
 
 
 @torch.no_grad()
-def evaluate_humaneval(model, tokenizer, limit: int | None = None, max_new_tokens: int = 256, batch: int = 8) -> dict:
-    """Greedy pass@1 on HumanEval: complete each prompt, cut at the usual stop sequences, run the tests in a
-    sandboxed subprocess (tasks.check_humaneval)."""
+def evaluate_humaneval(model, tokenizer, limit: int | None = None, max_new_tokens: int = 256, batch: int = 8,
+                       allow_code_execution: bool = False) -> dict:
+    """Greedy pass@1 on HumanEval: complete each prompt, cut at the usual stop sequences, run the tests in an
+    isolated subprocess (tasks.check_humaneval, which refuses without allow_code_execution)."""
     problems = list(humaneval_problems().values())[:limit]
     eos = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
     passed = 0
@@ -220,7 +221,7 @@ def evaluate_humaneval(model, tokenizer, limit: int | None = None, max_new_token
         got = rollout.sample(model, tokenizer, [p["prompt"] for p in chunk], max_new_tokens, 0, stops=eos)
         for problem, text in zip(chunk, got.texts):
             cut = min([text.find(s) for s in HUMANEVAL_STOPS if s in text], default=len(text))
-            passed += tasks.check_humaneval(problem, text[:cut]).passed
+            passed += tasks.check_humaneval(problem, text[:cut], allow_code_execution=allow_code_execution).passed
     return {"pass@1": passed / len(problems), "problems": len(problems)}
 
 

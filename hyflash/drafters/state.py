@@ -22,6 +22,8 @@ from hyflash.drafters.layers import rope
 from hyflash.drafters.model import DrafterModel
 from hyflash.sampling import SamplingConfig, argmax, logits_to_probs, sample
 
+INGEST_SLICE = 512  # verified tokens taken in per step of `ingest` (a multiple of every chunk size we ship)
+
 
 class DrafterState(Drafter):
     needs_features = True
@@ -71,11 +73,16 @@ class DrafterState(Drafter):
 
     @torch.inference_mode()
     def ingest(self, tokens: torch.Tensor, features: torch.Tensor | None) -> None:
+        """Take in verified tokens with their target features, INGEST_SLICE tokens at a time: a long prompt in
+        one piece would fuse, project and fold every position at once (SmolLM2's default drafter taking in
+        7.5k positions, two threads: +0.78 GiB peak RSS at once, +0.07 GiB in slices of 512; experiments/rss/)."""
         if features is None:
             raise ValueError("a HyFlash-family drafter needs target features: call ingest with features")
+        for i in range(0, features.shape[0], INGEST_SLICE):
+            self._ingest(tokens[i : i + INGEST_SLICE], features[i : i + INGEST_SLICE])
+
+    def _ingest(self, tokens: torch.Tensor, features: torch.Tensor) -> None:
         n_new = features.shape[0]
-        if n_new == 0:
-            return
         if self.history is not None:
             self.history = torch.cat([self.history, tokens.detach().to("cpu", torch.int32).view(-1)])
         cfg = self.config

@@ -1,0 +1,39 @@
+"""A long prompt is taken in piece by piece (issue 39, item 7): the drafter never fuses, projects or folds more
+than INGEST_SLICE positions at once, which kept a 7.5k-token prompt's peak RSS with the default drafter near
+plain decoding's (experiments/rss/peak_rss.py measures it), and the pieces give the state one piece gives."""
+
+from __future__ import annotations
+
+import torch
+
+from hyflash.drafters import state as state_module
+from hyflash.drafters.config import DrafterConfig
+from hyflash.drafters.model import DrafterModel
+from hyflash.drafters.state import DrafterState
+from hyflash.sampling import SamplingConfig
+
+
+def _drafter(target, **overrides) -> DrafterState:
+    torch.manual_seed(0)
+    config = DrafterConfig.for_target(target, kind="hyflash", window=16, chunk_size=4, num_heads=2, head_dim=8,
+                                      **overrides)
+    return DrafterState(DrafterModel(config, target).float())
+
+
+def test_a_long_ingest_is_taken_in_slices_and_equals_short_pieces(llama_target, monkeypatch):
+    monkeypatch.setattr(state_module, "INGEST_SLICE", 32, raising=False)  # (raising: absent before the fix)
+    n = 3 * 32 + 7
+    tokens = torch.randint(0, llama_target.vocab_size, (n,), generator=torch.Generator().manual_seed(0))
+    features = torch.randn(n, len(llama_target.feature_layers), llama_target.hidden_size)
+    whole, pieces = _drafter(llama_target), _drafter(llama_target)
+    fused_rows: list[int] = []
+    whole.model.fusion.register_forward_hook(lambda module, args, out: fused_rows.append(args[0].shape[0]))
+    whole.ingest(tokens, features)
+    assert fused_rows == [32, 32, 32, 7]  # never the whole prompt at once
+    for i in range(0, n, 5):  # as the decoding loop feeds it: a few verified tokens at a time
+        pieces.ingest(tokens[i : i + 5], features[i : i + 5])
+    assert (whole.length, whole.start) == (pieces.length, pieces.start) == (n, whole.config.memory_start(n))
+    for a, b in zip(whole.held_tensors(), pieces.held_tensors()):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    draft = [d.draft(int(tokens[-1]), 3, SamplingConfig(), None).tokens for d in (whole, pieces)]
+    assert torch.equal(*draft)
