@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "hyflash.training.cli",
     "hyflash.bench.cli",
     "hyflash.distill.cli",
+    "hyflash.serve.cli",
 ]
 
 

@@ -24,7 +24,7 @@ def test_help_lists_every_command(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     out = capsys.readouterr().out
-    for command in ("generate", "demo", "drafter", "data", "train", "bench", "distill"):
+    for command in ("generate", "demo", "drafter", "data", "train", "bench", "distill", "serve"):
         assert command in out
 
 

@@ -177,15 +177,19 @@ class BaseTarget(ABC):
             roles = ("user", "assistant")
             messages = [{"role": "system", "content": system}] if system else []
             messages += [{"role": roles[i % 2], "content": t} for i, t in enumerate(history)]
-            ids = tok.apply_chat_template(
-                messages + [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-            )
-            if isinstance(ids, dict) or hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-        else:
-            if history or system:
-                raise HyflashError(f"{self.name} has no chat template: earlier turns and system messages need one")
-            ids = tok(text)["input_ids"]
+            return self.encode_chat(messages + [{"role": "user", "content": text}])
+        if history or system:
+            raise HyflashError(f"{self.name} has no chat template: earlier turns and system messages need one")
+        ids = [int(i) for i in tok(text)["input_ids"]]
+        self.check_prompt_length(len(ids))
+        return ids
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """Tokenise a conversation (dicts with role and content) through the chat template, ready for the
+        assistant's reply."""
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
         ids = [int(i) for i in ids]
         self.check_prompt_length(len(ids))
         return ids
