@@ -313,7 +313,7 @@ def test_text_stream_holds_back_partial_characters_and_stop_strings():
 
 
 def test_an_engine_failure_fails_one_request_and_the_worker_serves_on(model_folder):
-    from hyflash.targets import Target
+    from hyflash.targets import HFTarget as Target
 
     target = Target.load(str(model_folder), dtype="float32")
     real_prefill, calls = target.prefill, []
