@@ -235,7 +235,7 @@ def test_anchor_context_share_counts_the_training_anchors(tmp_path):
 
 
 # ----- the script ----------------------------------------------------------------------------------------------
-def _script(out: Path, timeout: float = 120, **env) -> subprocess.CompletedProcess:
+def _script(out: Path, timeout: float = 600, **env) -> subprocess.CompletedProcess:
     full = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHON": sys.executable, **env}
     return subprocess.run(["bash", str(SCRIPT), str(out)], env=full, capture_output=True, text=True, timeout=timeout)
 
