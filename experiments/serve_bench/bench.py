@@ -68,7 +68,8 @@ def run_generate(args, prompt: str) -> dict:
         raise SystemExit(f"hyflash generate failed with status {code}")
     result = json.loads(out.getvalue().strip().splitlines()[-1])
     return {"ttft_s": result["prefill_time"], "decode_tok_s": result["tokens_per_second"],
-            "tokens": result["new_tokens"], "tau": result["tau"], "text": result["text"]}
+            "tokens": result["new_tokens"], "tau": result["tau"], "dtype": result["dtype"],
+            "policy": result["policy"], "text": result["text"]}
 
 
 def free_port() -> int:
@@ -93,6 +94,11 @@ def start_server(args, port: int, log: Path) -> subprocess.Popen:
     raise SystemExit(f"the server did not start; see {log}")
 
 
+def health(port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as response:
+        return json.load(response)
+
+
 def run_served(client, model: str, prompt: str, max_tokens: int) -> dict:
     sent = time.perf_counter()
     first = last = None
@@ -109,7 +115,18 @@ def run_served(client, model: str, prompt: str, max_tokens: int) -> dict:
     return {"ttft_s": first - sent, "decode_tok_s": usage.completion_tokens / (last - first),
             "tokens": usage.completion_tokens, "tau": extension.get("tau"),
             "server_decode_tok_s": extension.get("decode_tokens_per_second"),
-            "server_ttft_s": extension.get("time_to_first_token_s"), "text": "".join(text)}
+            "server_ttft_s": extension.get("time_to_first_token_s"), "policy": extension.get("policy", {}),
+            "text": "".join(text)}
+
+
+def mean_draft_length(rows: list[dict]) -> float:
+    """The mean draft length verified per pass (0 for a plain pass), over all runs: what the policy chose."""
+    lengths: dict[int, int] = {}
+    for row in rows:
+        for k, n in row["policy"].get("draft_lengths", {}).items():
+            lengths[int(k)] = lengths.get(int(k), 0) + n
+    passes = sum(lengths.values())
+    return sum(k * n for k, n in lengths.items()) / passes if passes else 0.0
 
 
 def median(rows: list[dict], key: str) -> float:
@@ -135,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     server = start_server(args, port, Path(tempfile.mkdtemp(prefix="serve-bench-")) / "server.log")
     try:
+        served_dtype = health(port)["dtype"]
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=600)
         print("serve: warm-up, then", len(PROMPTS) * args.repeats, "requests", file=sys.stderr, flush=True)
         run_served(client, args.model, PROMPTS[0], args.max_tokens)
@@ -149,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
         "generate": {k: median(generated, k) for k in ("ttft_s", "decode_tok_s", "tau")},
         "serve": {k: median(served, k) for k in ("ttft_s", "decode_tok_s", "tau", "server_decode_tok_s")},
     }
+    for side, rows in (("generate", generated), ("serve", served)):
+        summary[side]["mean_draft_length"] = mean_draft_length(rows)
+    summary["generate"]["dtype"] = sorted({g["dtype"] for g in generated})
+    summary["serve"]["dtype"] = [served_dtype]
     summary["ratio_serve_over_generate"] = {k: summary["serve"][k] / summary["generate"][k]
                                             for k in ("ttft_s", "decode_tok_s")}
     results = {"cpu": cpu_name(), "model": args.model, "drafter": args.drafter, "dtype": args.dtype,
@@ -161,12 +183,13 @@ def main(argv: list[str] | None = None) -> int:
         f"# hyflash serve vs hyflash generate ({args.model}, drafter {args.drafter}, dtype {args.dtype}, greedy, "
         f"{args.max_tokens} tokens, {len(same)} runs each; {results['cpu']})",
         "",
-        "| | median time to first token (ms) | median decode tok/s | median τ |",
-        "| --- | ---: | ---: | ---: |",
-        f"| hyflash generate | {1000 * g['ttft_s']:.1f} | {g['decode_tok_s']:.1f} | {g['tau']:.2f} |",
-        f"| hyflash serve (streamed, openai client) | {1000 * s['ttft_s']:.1f} | {s['decode_tok_s']:.1f} | "
-        f"{s['tau']:.2f} |",
-        f"| serve / generate | {r['ttft_s']:.3f} | {r['decode_tok_s']:.3f} | |",
+        "| | dtype | median time to first token (ms) | median decode tok/s | median τ | mean draft length |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+        f"| hyflash generate | {', '.join(g['dtype'])} | {1000 * g['ttft_s']:.1f} | {g['decode_tok_s']:.1f} | "
+        f"{g['tau']:.2f} | {g['mean_draft_length']:.2f} |",
+        f"| hyflash serve (streamed, openai client) | {', '.join(s['dtype'])} | {1000 * s['ttft_s']:.1f} | "
+        f"{s['decode_tok_s']:.1f} | {s['tau']:.2f} | {s['mean_draft_length']:.2f} |",
+        f"| serve / generate | | {r['ttft_s']:.3f} | {r['decode_tok_s']:.3f} | | |",
         "",
         f"Same text as generate: {sum(same)} of {len(same)} runs.",
         "",

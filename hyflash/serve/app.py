@@ -38,6 +38,7 @@ DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks that its cli
 class ServeConfig:
     model_name: str  # what /v1/models lists and requests may name
     queue_timeout: float = 60.0  # seconds a request may wait for the engine before it gets 503
+    dtype: str = ""  # the target's dtype (what --dtype auto chose), reported by /health
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,8 @@ def create_app(worker: EngineWorker, config: ServeConfig, metrics: ServerMetrics
 
     @app.get("/health")
     async def health(request: Request):
-        return answer(request, 200, {"status": "ok", "model": config.model_name, "queue_depth": worker.waiting})
+        return answer(request, 200, {"status": "ok", "model": config.model_name, "dtype": config.dtype,
+                                     "queue_depth": worker.waiting})
 
     @app.get("/v1/models")
     async def models(request: Request):

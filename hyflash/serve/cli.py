@@ -46,7 +46,7 @@ def cmd_serve(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     metrics = ServerMetrics()
     worker = EngineWorker(target, drafter, policy, on_finish=metrics.finished)
-    app = create_app(worker, ServeConfig(args.model, args.queue_timeout), metrics)
+    app = create_app(worker, ServeConfig(args.model, args.queue_timeout, choice.dtype), metrics)
     print(f"hyflash serve: {args.model} ({choice.dtype}, drafter {args.drafter}) on http://{args.host}:{args.port}/v1",
           file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
