@@ -172,8 +172,10 @@ def generate(
         on_tokens([next_token])
 
     while len(committed) < max_new_tokens and not (stop_at_eos and next_token in target.eos_token_ids):
-        # k drafts: bounded by the block, by the tokens still wanted and by the model's context.
-        room = min(max_new_tokens - len(committed), target.max_context - target.cache_length) - 1
+        # k drafts: bounded by the block, by the tokens still wanted and by the model's context; a tree's
+        # nodes all take a cache position in its pass, so their count is bounded by the context too.
+        context_room = target.max_context - target.cache_length - 1
+        room = min(max_new_tokens - len(committed) - 1, context_room)
         position = target.cache_length  # where next_token sits
         t0 = time.perf_counter()
         plan = None  # a chain Draft, a DraftTree, or None (a plain step)
@@ -184,6 +186,8 @@ def generate(
             k_max = min(active.block_size - 1, room)
             candidates = active.propose(next_token, k_max, sampling, generator, expensive=policy.wants_draft())
             plan = policy.plan(candidates, position)
+            if isinstance(plan, DraftTree):
+                plan = plan.first(context_room)
         t1 = time.perf_counter()
 
         block, scored, accepted, kept, next_token = _verify(target, next_token, plan, sampling, generator, want_features)
