@@ -166,6 +166,7 @@ def generate(
         drafter.reset()
     if active is not None:
         active.ingest(prompt, out.features)
+    del out  # the prompt's features (86 MB for 7.5k SmolLM2 positions in fp32) are not held through the generation
     result.prefill_time = time.perf_counter() - start
     committed = [next_token]
     if on_tokens:

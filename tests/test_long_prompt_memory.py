@@ -37,3 +37,45 @@ def test_a_long_ingest_is_taken_in_slices_and_equals_short_pieces(llama_target, 
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     draft = [d.draft(int(tokens[-1]), 3, SamplingConfig(), None).tokens for d in (whole, pieces)]
     assert torch.equal(*draft)
+
+
+def test_prefill_copies_each_chunks_features_into_one_tensor(llama_target, monkeypatch):
+    """The prompt's features exist once: no concatenation of the chunks' features (which held them twice at the
+    end of a long prefill), and the result is what one pass gives."""
+    prompt = torch.randint(0, 90, (23,), generator=torch.Generator().manual_seed(1))
+    whole = llama_target.prefill(prompt, chunk=1000).features
+    shape = (len(prompt), len(llama_target.feature_layers), llama_target.hidden_size)
+    made: list[tuple[int, ...]] = []
+    cat = torch.cat
+    monkeypatch.setattr(torch, "cat", lambda *a, **k: (out := cat(*a, **k), made.append(tuple(out.shape)))[0])
+    chunked = llama_target.prefill(prompt, chunk=5).features
+    assert made and shape not in made  # the cache's concatenations are seen, the prompt's features are not among them
+    torch.testing.assert_close(chunked, whole, atol=1e-5, rtol=1e-5)
+
+
+def test_the_prompts_features_are_freed_once_the_drafter_has_them(llama_target):
+    """The decoding loop does not hold the prompt's features through the generation (86 MB at 7.5k positions)."""
+    import gc
+    import weakref
+
+    from drafters_for_tests import RandomBlockDrafter
+
+    from hyflash.decoding import generate
+
+    class Watching(RandomBlockDrafter):
+        prompt_features = None
+
+        def ingest(self, tokens, features):
+            if self.prompt_features is None:
+                self.prompt_features = weakref.ref(features)
+            super().ingest(tokens, features)
+
+        def propose(self, *args, **kwargs):
+            gc.collect()
+            self.alive_while_drafting.append(self.prompt_features() is not None)
+            return super().propose(*args, **kwargs)
+
+    drafter = Watching(llama_target.vocab_size, 4, seed=0)
+    drafter.alive_while_drafting = []
+    generate(llama_target, list(range(3, 40)), drafter, max_new_tokens=6)
+    assert drafter.alive_while_drafting and not any(drafter.alive_while_drafting)

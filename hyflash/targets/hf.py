@@ -117,7 +117,7 @@ class FeatureRecorder:
 
     def features(self) -> torch.Tensor:
         """[B, positions run, nF, H]: every forward call's positions, in order."""
-        return torch.stack([torch.cat(parts, dim=1) for parts in self.calls], dim=2)
+        return torch.stack([parts[0] if len(parts) == 1 else torch.cat(parts, dim=1) for parts in self.calls], dim=2)
 
 
 def hf_identity(dtype: str) -> dict:
@@ -220,15 +220,22 @@ class HFTarget(BaseTarget):
 
         Only the last position's logits are returned ([1, V]): nothing reads the others, and for a long prompt
         they would be most of the memory (7.5k positions x 49k vocabulary x 4 bytes = 1.5 GB for SmolLM2).
-        Chunking bounds the activations of one pass whatever the prompt length; features cover every position.
+        Chunking bounds the activations of one pass whatever the prompt length; features cover every position,
+        each chunk's copied into one tensor as it comes (gathering the chunks' and concatenating them would hold
+        the prompt's features twice: 2 x 86 MB for 7.5k SmolLM2 positions in fp32).
         """
         self.reset()
         ids = torch.as_tensor(ids, dtype=torch.long, device=self.device)
-        self.check_prompt_length(ids.shape[-1])
-        parts = [self._forward(ids[i : i + chunk], features, last_logits_only=True)
-                 for i in range(0, ids.shape[-1], chunk)]
-        feats = None if not features else torch.cat([p.features for p in parts])
-        return TargetOutput(logits=parts[-1].logits, features=feats)
+        length = ids.shape[-1]
+        self.check_prompt_length(length)
+        feats = None
+        if features:
+            feats = torch.empty(length, len(self.feature_layers), self.hidden_size, dtype=self.dtype, device=self.device)
+        for i in range(0, length, chunk):
+            part = self._forward(ids[i : i + chunk], features, last_logits_only=True)
+            if features:
+                feats[i : i + chunk] = part.features
+        return TargetOutput(logits=part.logits, features=feats)
 
     @torch.inference_mode()
     def score(self, ids, features: bool = True, tree=None) -> TargetOutput:
