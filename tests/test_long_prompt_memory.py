@@ -79,3 +79,32 @@ def test_the_prompts_features_are_freed_once_the_drafter_has_them(llama_target):
     drafter.alive_while_drafting = []
     generate(llama_target, list(range(3, 40)), drafter, max_new_tokens=6)
     assert drafter.alive_while_drafting and not any(drafter.alive_while_drafting)
+
+
+def test_prefill_maps_large_blocks_and_gives_the_heap_back_after(llama_target, monkeypatch):
+    """The chunked prefill's growing key/value blocks are served by memory maps (freed blocks go back to the
+    system instead of staying resident as heap holes); decoding afterwards gets heap blocks again."""
+    from hyflash.targets import hf
+
+    calls, seen_by_forward = [], []
+    monkeypatch.setattr(hf, "_glibc_mallopt", lambda: lambda param, value: calls.append((param, value)) or 1)
+    forward = llama_target._forward
+    monkeypatch.setattr(llama_target, "_forward", lambda *a, **k: (seen_by_forward.append(list(calls)), forward(*a, **k))[1])
+    llama_target.prefill(torch.arange(3, 30), chunk=10)
+    assert calls == [(hf.M_MMAP_THRESHOLD, 1 << 20), (hf.M_MMAP_THRESHOLD, hf.HEAP_BLOCKS_UP_TO)]
+    assert seen_by_forward == [[(hf.M_MMAP_THRESHOLD, 1 << 20)]] * 3  # every chunk runs with large blocks mapped
+    llama_target.score(torch.tensor([5]))
+    assert len(calls) == 2  # a decode step leaves the allocator alone
+
+
+def test_glibcs_mallopt_is_found_and_accepts_the_setting():
+    import platform
+
+    import pytest
+
+    from hyflash.targets import hf
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("glibc only: elsewhere large_blocks_mapped is a no-op")
+    mallopt = hf._glibc_mallopt()
+    assert mallopt is not None and mallopt(hf.M_MMAP_THRESHOLD, hf.HEAP_BLOCKS_UP_TO) == 1
