@@ -143,9 +143,13 @@ def generate(
 ) -> GenerationResult:
     """Generate up to max_new_tokens after the prompt; speculative when a drafter is given.
 
-    The output equals plain decoding token for token under greedy settings (up to floating-point rounding
-    of multi-token passes) and in distribution under sampling. `policy` decides draft source and length
-    (default: verify every draft in full, on a flat cost curve).
+    Greedy: every token is the argmax of the target's logits in the pass that verified it, so the text is plain
+    decoding's wherever a multi-token pass gives bit for bit the logits of one-token passes, and otherwise may
+    take the other side of a near-tie and diverge from there. Which targets are bit-identical is measured, not
+    assumed (docs/engine.md, "Exactness": SmolLM2's Q4_1 on llama.cpp is; bf16 and K-quant GGUFs such as
+    Qwen2.5-Coder's Q4_K_M are not); `hyflash calibrate` checks a given file. Sampling: the output is distributed
+    as plain decoding's, exactly. `policy` decides draft source and length (default: verify every draft in
+    full, on a flat cost curve).
     """
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
