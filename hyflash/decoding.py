@@ -143,9 +143,13 @@ def generate(
 ) -> GenerationResult:
     """Generate up to max_new_tokens after the prompt; speculative when a drafter is given.
 
-    The output equals plain decoding token for token under greedy settings (up to floating-point rounding
-    of multi-token passes) and in distribution under sampling. `policy` decides draft source and length
-    (default: verify every draft in full, on a flat cost curve).
+    Greedy: every token is the argmax of the target's logits in the pass that verified it, so the text is plain
+    decoding's wherever a multi-token pass gives bit for bit the logits of one-token passes, and otherwise may
+    take the other side of a near-tie and diverge from there. Which targets are bit-identical is measured, not
+    assumed (docs/engine.md, "Exactness": SmolLM2's Q4_1 on llama.cpp is; bf16 and K-quant GGUFs such as
+    Qwen2.5-Coder's Q4_K_M are not); `hyflash calibrate` checks a given file. Sampling: the output is distributed
+    as plain decoding's, exactly. `policy` decides draft source and length (default: verify every draft in
+    full, on a flat cost curve).
     """
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
@@ -166,14 +170,17 @@ def generate(
         drafter.reset()
     if active is not None:
         active.ingest(prompt, out.features)
+    del out  # the prompt's features (86 MB for 7.5k SmolLM2 positions in fp32) are not held through the generation
     result.prefill_time = time.perf_counter() - start
     committed = [next_token]
     if on_tokens:
         on_tokens([next_token])
 
     while len(committed) < max_new_tokens and not (stop_at_eos and next_token in target.eos_token_ids):
-        # k drafts: bounded by the block, by the tokens still wanted and by the model's context.
-        room = min(max_new_tokens - len(committed), target.max_context - target.cache_length) - 1
+        # k drafts: bounded by the block, by the tokens still wanted and by the model's context; a tree's
+        # nodes all take a cache position in its pass, so their count is bounded by the context too.
+        context_room = target.max_context - target.cache_length - 1
+        room = min(max_new_tokens - len(committed) - 1, context_room)
         position = target.cache_length  # where next_token sits
         t0 = time.perf_counter()
         plan = None  # a chain Draft, a DraftTree, or None (a plain step)
@@ -184,6 +191,8 @@ def generate(
             k_max = min(active.block_size - 1, room)
             candidates = active.propose(next_token, k_max, sampling, generator, expensive=policy.wants_draft())
             plan = policy.plan(candidates, position)
+            if isinstance(plan, DraftTree):
+                plan = plan.first(context_room)
         t1 = time.perf_counter()
 
         block, scored, accepted, kept, next_token = _verify(target, next_token, plan, sampling, generator, want_features)

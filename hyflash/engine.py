@@ -23,7 +23,7 @@ from hyflash.costs import CostCurve
 from hyflash.drafters import registry
 from hyflash.drafters.loading import read_config, target_mismatch
 from hyflash.policy import PolicyConfig, SpeculationPolicy, choose_dtype
-from hyflash.targets import check_options, load_target, resolve_model_path
+from hyflash.targets import check_options, check_tree, load_target, resolve_model_path
 
 AUTO_CANDIDATES = ("float32", "bfloat16")
 GGUF_DTYPE = "auto"  # the only --dtype of the llama.cpp backend: the file's own quantisation
@@ -104,6 +104,7 @@ def load(model: str, dtype: str = "auto", drafter: str = "default", adaptive: bo
          log: Callable[[str], None] = _stderr, backend: str = "transformers",
          keep_drafter: bool = False, target_options: dict | None = None):
     """(target, drafter or None, policy, DtypeChoice) ready for `decoding.generate`."""
+    check_tree(backend, [tree])
     target, choice = prepare(model, dtype, backend, drafter, calibrated=adaptive, log=log,
                              target_options=target_options)
     built = registry.build_drafter(drafter, target)

@@ -39,6 +39,12 @@ class DraftTree:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def first(self, n: int) -> "DraftTree":
+        """The first n nodes: still a tree (parents precede children), the n best when grown best-first."""
+        if n >= len(self):
+            return self
+        return DraftTree(self.tokens[:n], self.parents[:n], self.depths[:n], self.source, self.confidence)
+
     def children(self, node: int) -> list[int]:
         """Children of node (-1 = root) in insertion order: the more probable first."""
         return [i for i, p in enumerate(self.parents) if p == node]

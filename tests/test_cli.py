@@ -38,10 +38,25 @@ def test_help_lists_every_command(capsys):
         (["--prompt", "hi", "--model", "no-such-model"], "unknown model 'no-such-model'"),
         (["--prompt", "hi", "--backend", "llama.cpp", "--dtype", "float32"], "does not apply to the llama.cpp"),
         (["--prompt", "hi", "--cache-type-k", "f16"], "--cache-type-k applies to the llama.cpp backend only"),
+        (["--prompt", "hi", "--backend", "llama.cpp", "--tree", "33"], "--tree 33 is more nodes than the llama.cpp"),
     ],
 )
 def test_cheap_bad_input(capsys, argv, needle):
     assert needle in _error_line(capsys, ["generate", *argv])
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "hi", "--tree", "40"], ["bench", "--trees", "4,40"]])
+def test_a_tree_beyond_llamacpps_leaf_limit_is_refused_before_loading(capsys, monkeypatch, command):
+    """A tree of N nodes may have N leaves, one llama.cpp sequence each: past the limit it would fail mid-run."""
+    import hyflash.targets
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the target was loaded before --tree was checked")
+
+    monkeypatch.setattr(hyflash.targets, "load_target", no_load)
+    monkeypatch.setattr("hyflash.engine.load_target", no_load)
+    err = _error_line(capsys, [*command, "--backend", "llama.cpp"])
+    assert "--tree 40" in err and "limit of 32" in err
 
 
 @pytest.mark.slow

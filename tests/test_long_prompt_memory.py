@@ -37,3 +37,74 @@ def test_a_long_ingest_is_taken_in_slices_and_equals_short_pieces(llama_target, 
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     draft = [d.draft(int(tokens[-1]), 3, SamplingConfig(), None).tokens for d in (whole, pieces)]
     assert torch.equal(*draft)
+
+
+def test_prefill_copies_each_chunks_features_into_one_tensor(llama_target, monkeypatch):
+    """The prompt's features exist once: no concatenation of the chunks' features (which held them twice at the
+    end of a long prefill), and the result is what one pass gives."""
+    prompt = torch.randint(0, 90, (23,), generator=torch.Generator().manual_seed(1))
+    whole = llama_target.prefill(prompt, chunk=1000).features
+    shape = (len(prompt), len(llama_target.feature_layers), llama_target.hidden_size)
+    made: list[tuple[int, ...]] = []
+    cat = torch.cat
+    monkeypatch.setattr(torch, "cat", lambda *a, **k: (out := cat(*a, **k), made.append(tuple(out.shape)))[0])
+    chunked = llama_target.prefill(prompt, chunk=5).features
+    assert made and shape not in made  # the cache's concatenations are seen, the prompt's features are not among them
+    torch.testing.assert_close(chunked, whole, atol=1e-5, rtol=1e-5)
+
+
+def test_the_prompts_features_are_freed_once_the_drafter_has_them(llama_target):
+    """The decoding loop does not hold the prompt's features through the generation (86 MB at 7.5k positions)."""
+    import gc
+    import weakref
+
+    from drafters_for_tests import RandomBlockDrafter
+
+    from hyflash.decoding import generate
+
+    class Watching(RandomBlockDrafter):
+        prompt_features = None
+
+        def ingest(self, tokens, features):
+            if self.prompt_features is None:
+                self.prompt_features = weakref.ref(features)
+            super().ingest(tokens, features)
+
+        def propose(self, *args, **kwargs):
+            gc.collect()
+            self.alive_while_drafting.append(self.prompt_features() is not None)
+            return super().propose(*args, **kwargs)
+
+    drafter = Watching(llama_target.vocab_size, 4, seed=0)
+    drafter.alive_while_drafting = []
+    generate(llama_target, list(range(3, 40)), drafter, max_new_tokens=6)
+    assert drafter.alive_while_drafting and not any(drafter.alive_while_drafting)
+
+
+def test_prefill_maps_large_blocks_and_gives_the_heap_back_after(llama_target, monkeypatch):
+    """The chunked prefill's growing key/value blocks are served by memory maps (freed blocks go back to the
+    system instead of staying resident as heap holes); decoding afterwards gets heap blocks again."""
+    from hyflash.targets import hf
+
+    calls, seen_by_forward = [], []
+    monkeypatch.setattr(hf, "_glibc_mallopt", lambda: lambda param, value: calls.append((param, value)) or 1)
+    forward = llama_target._forward
+    monkeypatch.setattr(llama_target, "_forward", lambda *a, **k: (seen_by_forward.append(list(calls)), forward(*a, **k))[1])
+    llama_target.prefill(torch.arange(3, 30), chunk=10)
+    assert calls == [(hf.M_MMAP_THRESHOLD, 1 << 20), (hf.M_MMAP_THRESHOLD, hf.HEAP_BLOCKS_UP_TO)]
+    assert seen_by_forward == [[(hf.M_MMAP_THRESHOLD, 1 << 20)]] * 3  # every chunk runs with large blocks mapped
+    llama_target.score(torch.tensor([5]))
+    assert len(calls) == 2  # a decode step leaves the allocator alone
+
+
+def test_glibcs_mallopt_is_found_and_accepts_the_setting():
+    import platform
+
+    import pytest
+
+    from hyflash.targets import hf
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("glibc only: elsewhere large_blocks_mapped is a no-op")
+    mallopt = hf._glibc_mallopt()
+    assert mallopt is not None and mallopt(hf.M_MMAP_THRESHOLD, hf.HEAP_BLOCKS_UP_TO) == 1

@@ -211,3 +211,16 @@ def small_vocab():
     from hyflash.targets import HFTarget
 
     return HFTarget(tiny_llama(seed=3, vocab=6, hidden=16, layers=2), name="tiny-vocab6")
+
+
+@pytest.mark.parametrize("budget", [15, -1])
+def test_trees_stay_within_the_model_context(llama_target, budget):
+    """Six positions left of 512: a tree's node count, not only its depth, is capped by the room left, so tree
+    decoding returns plain decoding's 6 tokens instead of a block that would run past the context."""
+    prompt = [(7 * i) % 89 for i in range(llama_target.max_context - 6)]
+    plain = generate(llama_target, prompt, None, max_new_tokens=50)
+    policy = SpeculationPolicy(curve([1.0] * 16), PolicyConfig(tree=budget))
+    out = generate(llama_target, prompt, RandomBlockDrafter(llama_target.vocab_size, 8, seed=2, sharpness=0.3),
+                   max_new_tokens=50, policy=policy)
+    assert len(plain.tokens) == 6 and out.tokens == plain.tokens
+    assert llama_target.cache_length <= llama_target.max_context

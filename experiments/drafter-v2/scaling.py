@@ -12,6 +12,8 @@ import argparse
 import json
 from pathlib import Path
 
+from hyflash.files import read_jsonl
+
 TITLE = "SmolLM2-135M drafter: held-out τ vs training tokens"
 YLABEL = "held-out τ (12 chat prompts, greedy, bf16)"
 
@@ -22,7 +24,7 @@ def log_file(run: Path) -> Path:
 
 
 def curve(run: Path) -> list[dict]:
-    records = [json.loads(line) for line in log_file(run).read_text().splitlines() if line.strip()]
+    records = read_jsonl(log_file(run))
     # tokens_seen counts from 0 again after a resume (`hyflash train --resume` keeps the log up to the restored
     # checkpoint): add the count reached before each restart, so the x axis is cumulative over the whole run.
     seen, offset, last_raw, last_total = {}, 0, -1, 0

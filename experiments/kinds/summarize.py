@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a check
 from hyflash.bench.run import settings_differ  # noqa: E402
 from hyflash.drafters.config import KINDS, MEMORY_RULES  # noqa: E402
 from hyflash.errors import HyflashError  # noqa: E402
+from hyflash.files import atomic_write_json, atomic_write_text  # noqa: E402
 
 SEED_NAME = re.compile(rf"^(?P<kind>{'|'.join(KINDS)})-d(?P<depth>[1-9][0-9]*)-s(?P<seed>[0-9]+)$")
 RULE_NAME = re.compile(rf"^(?P<kind>{'|'.join(KINDS)})-d(?P<depth>[1-9][0-9]*)-rule-(?P<rule>{'|'.join(MEMORY_RULES)})$")
@@ -384,16 +385,16 @@ def write_all(bench: str | Path | list, out: str | Path | None = None) -> list[P
                            "0 and the grid's drafter names?)")
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "summary.json", out / "claims.md", out / "memory_rules.json", out / "memory_rules.md"]
-    written[0].write_text(json.dumps(table, indent=1) + "\n")
-    written[1].write_text(claims_markdown(results, table, rules, sets, notes, sampled))
-    written[2].write_text(json.dumps({r: rules[r] for r in MEMORY_RULES if r in rules}, indent=1) + "\n")
-    written[3].write_text(memory_rules_markdown(rules, table, sets) + "\n")
+    atomic_write_json(written[0], table)
+    atomic_write_text(written[1], claims_markdown(results, table, rules, sets, notes, sampled))
+    atomic_write_json(written[2], {r: rules[r] for r in MEMORY_RULES if r in rules})
+    atomic_write_text(written[3], memory_rules_markdown(rules, table, sets) + "\n")
     if table:  # rule runs alone have no kind-depth to draw
         written.append(out / PLOT)
         plot(results, table, written[-1])
     if sampled:
         written.append(out / "summary_t1.json")
-        written[-1].write_text(json.dumps(sampled, indent=1) + "\n")
+        atomic_write_json(written[-1], sampled)
     return written
 
 

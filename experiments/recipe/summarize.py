@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from hyflash.files import atomic_write_json, atomic_write_text, read_jsonl
+
 LEVERS = {
     "base": "CE, exp slot weights, random init, depth 1, block 8, draft vocabulary 16,384",
     "kl": "soft-label KL to the target instead of CE",
@@ -23,7 +25,7 @@ def read_run(folder: Path) -> dict | None:
     log = folder / "log.jsonl"
     if not log.exists():
         return None
-    records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    records = read_jsonl(log)
     evals = [r for r in records if "eval" in r]
     steps = [r for r in records if "loss" in r]
     if not evals:
@@ -46,7 +48,7 @@ def read_run(folder: Path) -> dict | None:
 def main(root: str) -> None:
     runs = {name: r for name in LEVERS if (r := read_run(Path(root) / name))}
     here = Path(__file__).parent
-    (here / "results.json").write_text(json.dumps(runs, indent=1) + "\n")
+    atomic_write_json(here / "results.json", runs)
     base = runs.get("base", {}).get("tau")
     lines = ["| run | lever | held-out τ | vs base | acceptance by slot (1-4) | train τ (last batch) | s/step | params |",
              "|---|---|---|---|---|---|---|---|"]
@@ -55,7 +57,7 @@ def main(root: str) -> None:
         ratio = f"{r['tau'] / base:.3f}×" if base else "–"
         lines.append(f"| {name} | {LEVERS[name]} | {r['tau']:.3f} | {ratio} | {acc} | {r['train_expected_tau']:.2f} | "
                      f"{r['mean_seconds_per_step']:.2f} | {r['trainable_params'] / 1e6:.1f} M |")
-    (here / "table.md").write_text("\n".join(lines) + "\n")
+    atomic_write_text(here / "table.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -25,9 +25,10 @@ import numpy as np
 import torch
 
 from hyflash.distill import rollout, tasks
-from hyflash.distill.plots import plot_runs, read_jsonl
+from hyflash.distill.plots import plot_runs
 from hyflash.distill.student import load_model
 from hyflash.distill.trainer import DistillConfig, TeacherSamples, Trainer, evaluate, last_eval_reached
+from hyflash.files import atomic_write_json, atomic_write_text, read_jsonl
 
 
 def samples_to_reach(evals: list[dict], accuracy: float) -> int | None:
@@ -106,9 +107,9 @@ def report(out: Path, methods: list[str], seeds: list[int], steps: int, extra: d
     switch_at = args.get("switch_step", 0) * args.get("batch_size", 0) if "reopold" in methods else None
     plot_runs(groups, str(out / "accuracy_entropy.png"), extra.get("teacher_accuracy"), switch_at)
     summary = summarise(out, methods, seeds, steps, extra)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    atomic_write_json(out / "summary.json", summary)
     final = json.loads((out / "final_eval.json").read_text()) if (out / "final_eval.json").exists() else None
-    (out / "results.md").write_text(results_markdown(summary, final))
+    atomic_write_text(out / "results.md", results_markdown(summary, final))
     return summary
 
 
@@ -145,7 +146,7 @@ def final_eval(out: Path, methods: list[str], seeds: list[int], steps: int, size
         }
         print(name, json.dumps(results[name]), flush=True)
         del model
-    (out / "final_eval.json").write_text(json.dumps(results, indent=1))
+    atomic_write_json(out / "final_eval.json", results)
     return results
 
 
@@ -208,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     eval_set = tasks.arithmetic_split("test", args.eval_size, 0)
     teacher_eval_path = out / "teacher_eval.json"
     if not teacher_eval_path.exists():
-        teacher_eval_path.write_text(json.dumps(evaluate(teacher, tok, eval_set, 24)))
+        atomic_write_json(teacher_eval_path, evaluate(teacher, tok, eval_set, 24))
     teacher_eval = json.loads(teacher_eval_path.read_text())
     print(f"teacher held-out accuracy {teacher_eval['accuracy']:.3f}", flush=True)
 

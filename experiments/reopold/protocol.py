@@ -35,11 +35,11 @@ from experiments.reopold.experiment import run_finished
 from experiments.reopold.report import write_report
 from experiments.reopold.scales import Scale
 from hyflash.distill import tasks
-from hyflash.distill.plots import read_jsonl, smooth
+from hyflash.distill.plots import smooth
 from hyflash.distill.student import load_model, save_tiny_model
 from hyflash.distill.trainer import DistillConfig, TeacherSamples, Trainer, evaluate, resolve_device
 from hyflash.errors import HyflashError
-from hyflash.files import atomic_write_json
+from hyflash.files import atomic_write_json, read_jsonl
 from hyflash.targets import DTYPES
 
 TEACHER_SEED, PROBE_SEED = 3000, 2000  # seeds of the teacher's fine-tune and the warm-ups (not run seeds)

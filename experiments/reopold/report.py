@@ -15,9 +15,9 @@ import numpy as np
 from experiments.reopold.experiment import run_finished
 from experiments.reopold.reach import ReachConfig, compare
 from experiments.reopold.scales import Scale
-from hyflash.distill.plots import plot_runs, read_jsonl, smooth
+from hyflash.distill.plots import plot_runs, smooth
 from hyflash.errors import HyflashError
-from hyflash.files import atomic_write_json
+from hyflash.files import atomic_write_json, atomic_write_text, read_jsonl
 
 BAR = {"teacher_accuracy": 0.8, "start_accuracy": 0.3, "seeds": 3, "eval_size": 500, "samples_per_run": 2000}
 
@@ -165,7 +165,7 @@ def write_report(out: Path, scale: Scale) -> dict:
     """summary.json, results.md and accuracy_entropy.png from what the stages wrote."""
     summary = build_summary(out, scale)
     atomic_write_json(out / "summary.json", summary)
-    (out / "results.md").write_text(results_table(summary))
+    atomic_write_text(out / "results.md", results_table(summary))
     groups = {m: [str(out / "runs" / f"{m}-seed{s}") for s in seeds]
               for m, seeds in summary["seeds_per_method"].items()}
     teacher = summary["teacher_accuracy"]

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import json
 import platform
 import time
 from pathlib import Path
@@ -14,6 +13,7 @@ import torch
 from hyflash.bench.datasets import build_humaneval
 from hyflash.decoding import generate, summarize
 from hyflash.drafters.registry import load_drafter, resolve_spec
+from hyflash.files import atomic_write_json, atomic_write_text
 from hyflash.targets import HFTarget
 
 
@@ -64,8 +64,8 @@ def run_humaneval_benchmark(args) -> dict:
         report["float32"] = compare(fp32, drafter, prompts[: args.exact_n], args.max_new_tokens)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "humaneval.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out / "humaneval.md").write_text(markdown_report(report))
+    atomic_write_json(out / "humaneval.json", report)
+    atomic_write_text(out / "humaneval.md", markdown_report(report))
     print(markdown_report(report))
     return report
 

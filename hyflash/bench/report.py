@@ -14,6 +14,7 @@ from pathlib import Path
 
 from hyflash.bench.methods import PLAIN_METHODS
 from hyflash.bench.run import HF_PLD, PLAIN, _sum_lists
+from hyflash.files import atomic_write_text
 
 CODE_SETS = ("code", "long-2k", "long-4k", "long-8k")  # one kind of text at growing context
 NON_DRAFTING = PLAIN_METHODS  # tau is 1 by construction
@@ -224,7 +225,7 @@ def write_report(results: dict, out_dir: str | Path) -> list[Path]:
     command = results.get("meta", {}).get("command", "")
     sections = ["## Summary", "", where + (f"Command: `{command}`" if command else ""), "",
                 comparison_table(results), "## All metrics", "", markdown_table(results)]
-    written[0].write_text("\n".join(sections) + "\n" + memory_table(results))
+    atomic_write_text(written[0], "\n".join(sections) + "\n" + memory_table(results))
     for name, plot in PLOTS.items():
         plot(results, out_dir / name)
         written.append(out_dir / name)

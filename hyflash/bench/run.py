@@ -47,6 +47,7 @@ from hyflash.files import atomic_write_json
 from hyflash.machine import cpu_description
 from hyflash.policy import PolicyConfig, SpeculationPolicy
 from hyflash.sampling import SamplingConfig
+from hyflash.targets import check_tree
 
 PLAIN, HF_PLAIN, HF_PLD = "plain", "hf-plain", "hf-prompt-lookup"
 
@@ -195,6 +196,7 @@ def run_bench(
     if config.threads:
         torch.set_num_threads(config.threads)
     started = time.time()
+    check_tree(config.backend if target is None else target.backend, config.trees)
     if target is None:
         # Calibrated for (and, on llama.cpp, recording features for) the first trained drafter, else n-gram.
         drafter = next(iter(config.drafters.values()), "ngram")

@@ -6,16 +6,13 @@ methods together, smoothed as its samples-to-reach reads them.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
+from hyflash.files import read_jsonl
+
 COLORS = {"reopold": "tab:red", "opd": "tab:blue", "gkd": "tab:green", "skew-rkl": "tab:purple", "sft": "tab:gray"}
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
 
 
 def smooth(values: list[float], window: int) -> list[float]:

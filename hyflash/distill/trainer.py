@@ -26,7 +26,7 @@ from hyflash.credit import CreditConfig, floor_from_lambda, reward_quantiles, to
 from hyflash.distill import losses, rollout, tasks
 from hyflash.distill.student import freeze_embeddings, load_model, same_vocabulary, save_model
 from hyflash.errors import HyflashError
-from hyflash.files import replace_folder
+from hyflash.files import atomic_write_json, atomic_write_jsonl, read_jsonl, replace_folder
 from hyflash.machine import auto_dtype
 from hyflash.optimizer_state import load_optimizer, optimizer_tensors
 from hyflash.targets import DTYPES
@@ -122,9 +122,7 @@ class DistillConfig:
 def last_eval_reached(folder: Path, step: int, target: float) -> bool:
     """Whether the run's last evaluation at or before `step` (its eval.jsonl) reached accuracy `target`: a run
     that stopped early at a lower target has not, and continues."""
-    path = folder / "eval.jsonl"
-    rows = [_parse_line(line) for line in path.read_text().splitlines()] if path.exists() else []
-    rows = [r for r in rows if r is not None and r["step"] <= step]
+    rows = [r for r in read_jsonl(folder / "eval.jsonl") if r["step"] <= step]
     return bool(rows) and rows[-1]["accuracy"] >= target
 
 
@@ -140,15 +138,8 @@ class TeacherSamples:
 
     def __init__(self, path: Path, teacher, tokenizer, max_new_tokens: int):
         self.path, self.teacher, self.tokenizer, self.max_new_tokens = path, teacher, tokenizer, max_new_tokens
-        self.cache: dict[str, str] = {}
-        if path.exists():
-            lines = path.read_text().splitlines()
-            for line in lines:
-                row = _parse_line(line)
-                if row is not None:
-                    self.cache[row["prompt"]] = row["response"]
-            if len(self.cache) < len(lines):  # a kill in the middle of an append: drop the broken line
-                path.write_text("".join(json.dumps({"prompt": p, "response": r}) + "\n" for p, r in self.cache.items()))
+        # repair: a kill in the middle of an append left a broken last line, which the next append would extend
+        self.cache: dict[str, str] = {row["prompt"]: row["response"] for row in read_jsonl(path, repair=True)}
 
     def get(self, prompts: list[str], batch: int = 32) -> list[str]:
         missing = [p for p in dict.fromkeys(prompts) if p not in self.cache]
@@ -161,14 +152,6 @@ class TeacherSamples:
                     self.cache[p] = r
                     f.write(json.dumps({"prompt": p, "response": r}) + "\n")
         return [self.cache[p] for p in prompts]
-
-
-def _parse_line(line: str) -> dict | None:
-    """One JSONL record, or None for a line cut short by a kill while it was being appended."""
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError:
-        return None
 
 
 def rollout_from_texts(
@@ -385,7 +368,7 @@ class Trainer:
 
         c = self.config
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "config.json").write_text(json.dumps(dataclasses.asdict(c), indent=1))
+        atomic_write_json(self.out / "config.json", dataclasses.asdict(c))
         evals = []
         if self.step == 0:
             evals.append(self._evaluate())
@@ -461,8 +444,7 @@ class Trainer:
         for name in ("train.jsonl", "eval.jsonl"):
             path = self.out / name
             if path.exists():
-                rows = [_parse_line(line) for line in path.read_text().splitlines()]
-                keep = [r for r in rows if r is not None and r["step"] <= self.step]
+                keep = [r for r in read_jsonl(path) if r["step"] <= self.step]
                 if self.step == 0:  # the step-0 evaluation is redone too
                     keep = []
-                path.write_text("".join(json.dumps(r) + "\n" for r in keep))
+                atomic_write_jsonl(path, keep)

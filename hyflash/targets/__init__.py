@@ -25,11 +25,14 @@ BACKENDS = ("transformers", "llama.cpp")
 # The llama.cpp backend's KV cache element types, by llama.cpp's names (its -ctk / -ctv) -> ggml_type ids;
 # here, not in llamacpp.py, so the command line can offer them without importing llama-cpp-python.
 CACHE_TYPES = {"f16": 1, "q8_0": 8, "bf16": 30}
+# The most leaves of a draft tree the llama.cpp backend verifies (one sequence each; see llamacpp.py); here, so
+# a --tree that could exceed it is refused when the arguments are read, not mid-generation.
+TREE_LEAVES = 32
 
 __all__ = [
-    "BACKENDS", "BUILTIN_MODELS", "CACHE_TYPES", "DEFAULT_MODEL", "DTYPES", "PREFILL_CHUNK", "BaseTarget",
+    "BACKENDS", "BUILTIN_MODELS", "CACHE_TYPES", "DEFAULT_MODEL", "DTYPES", "PREFILL_CHUNK", "TREE_LEAVES", "BaseTarget",
     "FeatureRecorder", "HFTarget", "TargetOutput", "builtin_gguf", "cache_root", "default_feature_layers", "gguf_path",
-    "check_options", "identity", "load_target", "resolve_model_path",
+    "check_options", "check_tree", "identity", "load_target", "resolve_model_path",
 ]
 
 
@@ -39,6 +42,16 @@ def check_options(backend: str, options: dict) -> None:
         flags = ", ".join("--" + key.replace("_", "-") for key in options)
         verb, them = ("apply", "them") if len(options) > 1 else ("applies", "it")
         raise HyflashError(f"{flags} {verb} to the llama.cpp backend only: add --backend llama.cpp or drop {them}")
+
+
+def check_tree(backend: str, budgets) -> None:
+    """A tree budget the backend could not verify fails in one line before anything loads: on llama.cpp a tree
+    of N nodes may have N leaves, one cache sequence each, and it has TREE_LEAVES of them."""
+    if backend == "llama.cpp":
+        too_big = [b for b in budgets if b > TREE_LEAVES]
+        if too_big:
+            raise HyflashError(f"--tree {too_big[0]} is more nodes than the llama.cpp backend's limit of "
+                               f"{TREE_LEAVES} draft-tree leaves: use --tree {TREE_LEAVES} or less (or auto)")
 
 
 def identity(dtype: str, target: BaseTarget | None = None) -> dict:

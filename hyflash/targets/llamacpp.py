@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from hyflash.errors import HyflashError
-from hyflash.targets import CACHE_TYPES
+from hyflash.targets import CACHE_TYPES, TREE_LEAVES
 from hyflash.targets.base import (
     BUILTIN_MODELS,
     DEFAULT_MODEL,
@@ -55,7 +55,8 @@ from hyflash.targets.llamacpp_build import (
 
 DEFAULT_N_CTX = 8192  # enough for every bench context; a model trained on less gets its own
 BATCH = 512  # tokens per llama_decode call (prefill chunk), also the physical ubatch
-TREE_LEAVES = 32  # most leaves of a draft tree (one sequence each: ids 1..TREE_LEAVES); 0 is the verified text
+# TREE_LEAVES (targets/__init__.py): most leaves of a draft tree, one sequence each (ids 1..TREE_LEAVES); 0 is the
+# verified text
 JUNK_SEQ = TREE_LEAVES + 1  # holds rejected tree nodes' cells until they can be dropped without leaving holes
 JUNK_LIMIT = 512  # junk cells that trigger a compaction of the cache (their masked scan costs a little per pass)
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from hyflash.files import read_jsonl
 
 
 def plot_curves(log_path: Path, out_path: Path, title: str = "") -> Path:
@@ -12,7 +13,7 @@ def plot_curves(log_path: Path, out_path: Path, title: str = "") -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = [json.loads(line) for line in Path(log_path).read_text().splitlines() if line.strip()]
+    records = read_jsonl(log_path)
     train = [r for r in records if "loss" in r]
     evals = [r for r in records if "eval" in r]
     fig, (ax_loss, ax_tau) = plt.subplots(1, 2, figsize=(10, 4))

@@ -31,7 +31,7 @@ from hyflash.drafters.copy import copy_labels
 from hyflash.drafters.loading import TRAINED_SUBFOLDER
 from hyflash.drafters.model import DrafterModel
 from hyflash.errors import HyflashError
-from hyflash.files import atomic_write_json
+from hyflash.files import atomic_write_json, atomic_write_jsonl, read_jsonl
 from hyflash.machine import bf16_matmul_pays
 from hyflash.targets import HFTarget
 from hyflash.training import checkpoint as ckpt
@@ -124,15 +124,15 @@ def export_drafter(model, target, path: Path, dtype: str) -> Path:
 
 
 class JsonlLog:
-    """Append-only JSONL; on resume, records after the restored step (written by the killed run) are dropped."""
+    """Append-only JSONL; on resume, records after the restored step (written by the killed run) are dropped, and
+    a last line cut short by the kill with them."""
 
     def __init__(self, path: Path, resume_step: int | None):
         self.path = path
         if resume_step is None:
-            path.write_text("")
+            atomic_write_jsonl(path, [])
         elif path.exists():
-            kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= resume_step]
-            path.write_text("".join(line + "\n" for line in kept))
+            atomic_write_jsonl(path, [r for r in read_jsonl(path) if r["step"] <= resume_step])
 
     def write(self, record: dict) -> None:
         with open(self.path, "a") as f:
