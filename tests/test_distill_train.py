@@ -271,3 +271,19 @@ def test_cli_distill_end_to_end(models, tmp_path):
     assert main(argv[:-6] + ["--steps", "3", "--eval-every", "1", "--eval-size", "4", "--resume",
                              "--teacher-dtype", "float32"]) == 0
     assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 3
+
+
+def test_cli_grpo_passes_its_settings(models, tmp_path):
+    from hyflash.cli import main
+
+    _, student, tok = models
+    save_model(student, tok, tmp_path / "student")
+    out = tmp_path / "run"
+    argv = ["distill", "--method", "grpo", "--student", str(tmp_path / "student"), "--out", str(out), "--steps", "1",
+            "--batch-size", "4", "--group-size", "2", "--kl-coef", "0.1", "--max-new-tokens", "4", "--eval-every", "1",
+            "--eval-size", "2", "--no-plot"]
+    assert main(argv) == 0  # no teacher is loaded (the default teacher is a built-in the test never fetches)
+    config = json.loads((out / "checkpoint" / "state.json").read_text())["config"]
+    assert (config["method"], config["grpo_group_size"], config["kl_coef"]) == ("grpo", 2, 0.1)
+    bad = [str(tmp_path / "bad") if a == str(out) else "3" if a == "2" else a for a in argv]
+    assert main(bad) == 2  # a group size that does not divide the batch: one clear error
