@@ -9,6 +9,9 @@ Plain sampled-token OPD uses M = 1 and Rhat = R. REOPOLD relaxes that uniform cr
   when:         before `switch_step` keep only tokens with R >= floor (exploration, no strong negative
                 updates); from `switch_step` on, the entropy mask with clipped rewards (refinement).
 
+GRPO, the reinforcement-learning baseline, credits every token of a sample with its group-relative advantage
+(reward - group mean) / (group std + eps) over the G samples drawn for the same prompt (no teacher).
+
 For a drafter the same reward is the log acceptance ratio: a sampled draft token is accepted with
 probability min(1, exp(R)) with R = log p_target - log q_drafter.
 
@@ -123,6 +126,25 @@ def reopold_credit(
         "clipped_fraction": float(below.sum()) / n_valid,
     }
     return Credit(advantage=advantage, mask=mask, stats=stats)
+
+
+def group_relative_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO's advantage per sample: (r - mean) / (std + eps) within each group of `group_size` consecutive
+    samples (the G samples of one prompt; std with Bessel's correction). A group whose samples all score the
+    same gets advantage 0: nothing to prefer."""
+    if group_size < 2 or rewards.numel() % group_size:
+        raise HyflashError(f"GRPO needs groups of >= 2 samples that divide the batch: {rewards.numel()} samples, "
+                           f"group size {group_size}")
+    groups = rewards.float().reshape(-1, group_size)
+    mean, std = groups.mean(1, keepdim=True), groups.std(1, keepdim=True)
+    return ((groups - mean) / (std + eps)).reshape(rewards.shape)
+
+
+def k3_kl(logp: torch.Tensor, reference_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) on tokens sampled from pi (Schulman's k3): exp(d) - d - 1 with
+    d = log pi_ref - log pi. Non-negative, 0 where the two agree; differentiable through `logp`."""
+    d = reference_logp.detach() - logp
+    return torch.exp(d) - d - 1
 
 
 def reward_quantiles(reward: torch.Tensor, valid: torch.Tensor, qs=(0.05, 0.5, 0.95)) -> dict[str, float]:

@@ -165,3 +165,51 @@ def test_sft_loss_is_masked_nll():
     s, _, tokens, valid = _batch(8)
     logp, _ = losses.token_logp_entropy(s, tokens)
     torch.testing.assert_close(losses.sft_loss(logp, valid), -logp[valid].mean())
+
+
+# ----- GRPO -----------------------------------------------------------------------------------------------
+def test_group_relative_advantages_normalise_within_each_group():
+    rewards = torch.tensor([1.0, 0, 0, 0, 1, 1, 1, 1, 0, 1, 0, 1])
+    adv = credit.group_relative_advantages(rewards, 4)
+    # group 1: mean 1/4, sample std 1/2; group 2: all the same, no preference; group 3: mean 1/2, std 0.577
+    expected = torch.tensor([1.5, -0.5, -0.5, -0.5, 0, 0, 0, 0, -0.866, 0.866, -0.866, 0.866])
+    assert torch.allclose(adv, expected, atol=1e-3)
+    assert torch.allclose(credit.group_relative_advantages(rewards * 10 + 3, 4), adv, atol=1e-4)  # scale-free
+    for g in range(3):
+        assert abs(float(adv[4 * g : 4 * g + 4].sum())) < 1e-5  # zero mean per group
+    with pytest.raises(HyflashError, match="group"):
+        credit.group_relative_advantages(rewards, 5)
+    with pytest.raises(HyflashError, match="group"):
+        credit.group_relative_advantages(rewards, 1)
+
+
+def test_grpo_gradient_raises_rewarded_samples_and_lowers_the_others():
+    """Descent on the loss must raise log pi of every token of a rewarded sample and lower it for the rest of
+    its group, by A_i / (response tokens of the batch); a group that all scored the same gets no gradient."""
+    logp = (-torch.rand(8, 5)).requires_grad_()
+    valid = torch.ones(8, 5, dtype=torch.bool)
+    valid[1, 3:] = False
+    rewards = torch.tensor([1.0, 0, 0, 0, 0, 0, 0, 0])
+    out = losses.grpo_loss(logp, rewards, valid, group_size=4)
+    grad = _grad(out.loss, logp)
+    n = int(valid.sum())
+    adv = credit.group_relative_advantages(rewards, 4)
+    assert torch.allclose(grad, -(adv[:, None] * valid) / n)
+    assert (grad[0] < 0).all() and (grad[1, :3] > 0).all() and (grad[1, 3:] == 0).all()
+    assert (grad[4:] == 0).all()
+    assert out.stats["reward_mean"] == pytest.approx(1 / 8) and out.stats["informative_groups"] == 0.5
+
+
+def test_kl_penalty_is_zero_at_the_start_and_pulls_back_afterwards():
+    logp = (-torch.rand(4, 6)).requires_grad_()
+    valid = torch.ones(4, 6, dtype=torch.bool)
+    uninformative = torch.zeros(4)
+    at_start = losses.grpo_loss(logp, uninformative, valid, 2, reference_logp=logp.detach().clone(), kl_coef=0.1)
+    assert float(at_start.loss) == 0.0 and at_start.stats["kl"] == 0.0
+    assert (_grad(at_start.loss, logp) == 0).all()
+    # The policy moved above the reference on these tokens: k3 > 0 and its gradient lowers log pi again.
+    reference = logp.detach() - 0.5
+    moved = losses.grpo_loss(logp, uninformative, valid, 2, reference_logp=reference, kl_coef=0.1)
+    assert moved.stats["kl"] == pytest.approx(math.exp(-0.5) + 0.5 - 1, rel=1e-5)
+    assert (_grad(moved.loss, logp) > 0).all()
+    assert (credit.k3_kl(logp.detach(), logp.detach() + torch.randn(4, 6)) >= 0).all()

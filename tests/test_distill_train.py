@@ -4,6 +4,7 @@ method's training step, checkpoint + exact resume, and the CLI."""
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 
 import pytest
@@ -150,16 +151,26 @@ def _trainer(models, config, **kw):
     return Trainer(config, copy.deepcopy(student), tok, teacher, tok, **kw)
 
 
+def _one_right_per_three(monkeypatch):
+    """A checker that passes every third answer it is asked about: each group of three consecutive samples
+    has exactly one reward, so every GRPO group is informative (a random tiny model never answers right)."""
+    calls = itertools.count()
+    monkeypatch.setattr(tasks, "is_correct", lambda problem, response: next(calls) % 3 == 0)
+
+
 @pytest.mark.parametrize("method", METHODS)
-def test_every_method_trains_and_logs(models, tmp_path, method):
-    trainer = _trainer(models, _config(tmp_path, method))
+def test_every_method_trains_and_logs(models, tmp_path, method, monkeypatch):
+    if method == "grpo":
+        _one_right_per_three(monkeypatch)
+    trainer = _trainer(models, _config(tmp_path, method, grpo_group_size=3))
     before = [p.detach().clone() for p in trainer.student.parameters() if p.requires_grad]
     evals = trainer.run(progress=False)
     after = [p for p in trainer.student.parameters() if p.requires_grad]
     assert any(not torch.equal(a, b) for a, b in zip(before, after))
     log = [json.loads(l) for l in (tmp_path / method / "train.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2] and [r["samples"] for r in log] == [3, 6]
-    for key in ("loss", "entropy", "reward_q50") if method != "sft" else ("loss", "entropy"):
+    for key in {"sft": ("loss", "entropy"), "grpo": ("loss", "entropy", "kl")}.get(method, ("loss", "entropy",
+                                                                                      "reward_q50")):
         assert all(torch.isfinite(torch.tensor(r[key])) for r in log)
     if method == "reopold":
         assert log[0]["phase"] == 1 and log[1]["phase"] == 2
@@ -188,6 +199,34 @@ def test_checkpoint_and_exact_resume(models, tmp_path):
         assert x.keys() == y.keys() and x == pytest.approx(y, rel=1e-6, abs=1e-9), \
             {k: (x.get(k), y.get(k)) for k in x.keys() | y.keys() if x.get(k) != y.get(k)}
     assert not (tmp_path / "b/reopold/checkpoint.tmp").exists()
+
+
+def test_grpo_groups_reference_and_exact_resume(models, tmp_path, monkeypatch):
+    """GRPO: G consecutive samples per prompt, no teacher, KL exactly 0 before the first update and > 0 after
+    it, and a run stopped and resumed ends bit-identical to a straight one (the KL reference stays the
+    starting student, not the checkpoint the run resumed from)."""
+    kw = dict(steps=4, batch_size=6, grpo_group_size=3, checkpoint_every=2, eval_every=10, kl_coef=0.5)
+    # A checker that depends on the answer only (as the real one does), so a resumed run sees the same rewards.
+    monkeypatch.setattr(tasks, "is_correct", lambda problem, response: sum(map(ord, response)) % 2 == 0)
+    straight = _trainer(models, _config(tmp_path / "a", "grpo", **kw))
+    assert straight.teacher is None and straight.reference is not None
+    problems, _ = straight._batch(0)
+    assert [p.question for p in problems[:3]] == [problems[0].question] * 3 != [p.question for p in problems[3:]]
+    straight.run(progress=False)
+    half = _trainer(models, _config(tmp_path / "b", "grpo", **dict(kw, steps=2)))
+    half.run(progress=False)
+    resumed = _trainer(models, _config(tmp_path / "b", "grpo", **kw), resume=True)
+    resumed.run(progress=False)
+    for (name, a), (_, b) in zip(straight.student.state_dict().items(), resumed.student.state_dict().items()):
+        assert torch.equal(a, b), name
+    log = [json.loads(l) for l in (tmp_path / "b/grpo/train.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3, 4] and log[-1]["samples"] == 24
+    assert log[0]["kl"] == pytest.approx(0, abs=1e-7)
+    assert log[0]["informative_groups"] > 0 and all(r["kl"] > 0 for r in log[1:])  # moved after the 1st update
+    no_kl = _trainer(models, _config(tmp_path / "c", "grpo", **dict(kw, kl_coef=0.0)))
+    assert no_kl.reference is None and "kl" not in no_kl.train_step()
+    with pytest.raises(HyflashError, match="group"):
+        _config(tmp_path, "grpo", batch_size=4, grpo_group_size=3)
 
 
 def test_linear_lr_decay_is_a_function_of_the_step(models, tmp_path):
@@ -232,3 +271,19 @@ def test_cli_distill_end_to_end(models, tmp_path):
     assert main(argv[:-6] + ["--steps", "3", "--eval-every", "1", "--eval-size", "4", "--resume",
                              "--teacher-dtype", "float32"]) == 0
     assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 3
+
+
+def test_cli_grpo_passes_its_settings(models, tmp_path):
+    from hyflash.cli import main
+
+    _, student, tok = models
+    save_model(student, tok, tmp_path / "student")
+    out = tmp_path / "run"
+    argv = ["distill", "--method", "grpo", "--student", str(tmp_path / "student"), "--out", str(out), "--steps", "1",
+            "--batch-size", "4", "--group-size", "2", "--kl-coef", "0.1", "--max-new-tokens", "4", "--eval-every", "1",
+            "--eval-size", "2", "--no-plot"]
+    assert main(argv) == 0  # no teacher is loaded (the default teacher is a built-in the test never fetches)
+    config = json.loads((out / "checkpoint" / "state.json").read_text())["config"]
+    assert (config["method"], config["grpo_group_size"], config["kl_coef"]) == ("grpo", 2, 0.1)
+    bad = [str(tmp_path / "bad") if a == str(out) else "3" if a == "2" else a for a in argv]
+    assert main(bad) == 2  # a group size that does not divide the batch: one clear error

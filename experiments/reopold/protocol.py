@@ -15,6 +15,7 @@ killed command run again continues where it stopped (tensors in safetensors, eve
   start_eval.json        that warm start on the test split: start_accuracy
   grid/M-lrX/, grid.json one run per method and learning rate (grid seed, validation split); the rate
                          with the largest area under the smoothed validation curve is kept per method
+                         (grid.json is written after each method; a method already in it is not re-run)
   runs/M-seedS/          the comparison: every method x seed from the same warm start at its own rate,
                          the same student samples per run, evaluated on the test split
   summary.json, results.md, accuracy_entropy.png, timing.json (wall seconds per stage, kept apart so that
@@ -83,6 +84,27 @@ def rate_past_the_edge(scores: dict[float, float]) -> float | None:
     return None
 
 
+def tiny_model(folder: Path, **kwargs) -> str:
+    """A tiny random model saved once in `folder` (save_tiny_model's arguments), written aside and renamed in."""
+    if not (folder / "config.json").exists():
+        tmp = folder.with_name(folder.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        save_tiny_model(tmp, **kwargs)
+        os.replace(tmp, folder)
+    return str(folder)
+
+
+def extends(have: dict, want: dict) -> bool:
+    """Whether scale `want` is scale `have` with methods added (and the settings that came with them, which a
+    folder written before they existed lacks): then the folder's finished stages stay valid for the old
+    methods and the new ones are run into it. Any other difference is another experiment."""
+    new_fields = set(want) - set(have)
+    same = {k: v for k, v in want.items() if k not in new_fields and k != "methods"}
+    old_methods = have.get("methods", [])
+    return (same == {k: v for k, v in have.items() if k != "methods"} and set(old_methods) <= set(want["methods"])
+            and not set(have) - set(want))
+
+
 class Experiment:
     def __init__(self, out: Path, scale: Scale, progress: bool = True, keep_checkpoints: bool = False):
         self.out, self.scale, self.progress, self.keep_checkpoints = Path(out), scale, progress, keep_checkpoints
@@ -118,11 +140,10 @@ class Experiment:
         path, want = self.out / "scale.json", json.loads(json.dumps(self.scale.as_dict()))
         if path.exists():
             have = json.loads(path.read_text())
-            if have != want:
+            if have != want and not extends(have, want):
                 raise HyflashError(f"{self.out} holds a run at scale {have.get('name')!r} with other settings: "
                                    f"pass --scale {have.get('name')} to continue it, or use another --out")
-        else:
-            atomic_write_json(path, want)
+        atomic_write_json(path, want)
 
     # ----- paths and configs -----------------------------------------------------------------------------
     @property
@@ -131,16 +152,7 @@ class Experiment:
 
     @property
     def base_model(self) -> str:
-        if self.scale.base != "tiny":
-            return self.scale.base
-
-        folder = self.out / "tiny-base"
-        if not (folder / "config.json").exists():
-            tmp = self.out / "tiny-base.tmp"
-            shutil.rmtree(tmp, ignore_errors=True)
-            save_tiny_model(tmp)
-            os.replace(tmp, folder)
-        return str(folder)
+        return self.scale.base if self.scale.base != "tiny" else tiny_model(self.out / "tiny-base")
 
     def _config(self, **kw) -> DistillConfig:
         s = self.scale
@@ -159,10 +171,14 @@ class Experiment:
         return self._teacher
 
     def _train(self, config: DistillConfig, prune: bool = True) -> list[dict]:
-        """Run (or resume) one training run unless it has finished; returns its evaluations."""
+        """Run (or resume) one training run unless it has finished; returns its evaluations. Its teacher is the
+        experiment's own unless `config.teacher` names another model (the self-distillation extension)."""
         folder = Path(config.out)
         if not run_finished(folder, config.steps, config.stop_at_accuracy):
-            teacher, tok = self.teacher() if config.sft_source != "ground-truth" else (None, None)
+            teacher, tok = None, None
+            if config.sft_source != "ground-truth" and config.method != "grpo":
+                teacher, tok = self.teacher() if config.teacher == str(self.teacher_model) else load_model(
+                    config.teacher, self.scale.teacher_dtype)
             trainer = Trainer(config, teacher=teacher, teacher_tokenizer=tok, resume=True)
             trainer.run(progress=self.progress)
             del trainer
@@ -279,17 +295,19 @@ class Experiment:
             lr=lr, seed=seed, eval_split=split, eval_size=size, eval_every=s.eval_every,
             checkpoint_every=s.run_checkpoint_every or steps,
             switch_step=max(1, round(steps * s.switch_fraction)),
+            grpo_group_size=s.grpo_group_size, kl_coef=s.grpo_kl_coef,
         )
 
     def learning_rate_grid(self) -> None:
         path = self.out / "grid.json"
-        if path.exists():
-            return
         s = self.scale
         steps = s.grid_steps or s.steps
-        result = {"seed": s.grid_seed, "split": "val", "steps": steps, "score": "area under the smoothed curve",
-                  "methods": {}}
+        result = json.loads(path.read_text()) if path.exists() else {
+            "seed": s.grid_seed, "split": "val", "steps": steps, "score": "area under the smoothed curve",
+            "methods": {}}
         for method in s.methods:
+            if method in result["methods"]:  # tuned already (a method added to a finished experiment: the rest)
+                continue
             scores, extended = {}, 0
             rates = list(s.lr_grid)
             while rates:
@@ -303,14 +321,14 @@ class Experiment:
                     extended += 1
             result["methods"][method] = {"scores": {f"{lr:g}": v for lr, v in scores.items()},
                                          "chosen_lr": best_learning_rate(scores)}
-        atomic_write_json(path, result)
+            atomic_write_json(path, result)
 
     def comparison_runs(self) -> None:
         s = self.scale
         chosen = {m: r["chosen_lr"] for m, r in json.loads((self.out / "grid.json").read_text())["methods"].items()}
-        # The compared pair (REOPOLD, OPD) first, then the references (GKD, SFT); each group seed-major, so an
-        # interrupted experiment has the verdict's seeds first and balanced seeds within each group.
-        compared = [m for m in s.methods if m in ("reopold", "opd")]
+        # The compared methods (REOPOLD, OPD, GRPO) first, then the references (GKD, SFT); each group seed-major,
+        # so an interrupted experiment has the verdicts' seeds first and balanced seeds within each group.
+        compared = [m for m in s.methods if m in ("reopold", "opd", "grpo")]
         references = [m for m in s.methods if m not in compared]
         for group in (compared, references):
             for seed in s.seeds:

@@ -13,7 +13,8 @@ compared with OPD?
   off the piecewise-linear smoothed seed-mean curve.
 - The ratio is samples_OPD / samples_method (3 = the method needs a third of OPD's samples). Its interval
   comes from resampling seeds with replacement within each method and recomputing everything, level
-  included.
+  included. The same holds for the pairs in PAIRS (e.g. REOPOLD vs GRPO = samples_GRPO / samples_REOPOLD at
+  the same level), whose ratios come from the same resamples.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import numpy as np
 from hyflash.distill.plots import smooth
 
 LEVEL_FRACTION = 0.9
+# (method, baseline): ratio samples_baseline / samples_method, reported when both have finished runs
+PAIRS = (("reopold", "opd"), ("reopold", "grpo"), ("opd", "grpo"))
 ONE_THIRD = 1.0 / 3.0
 
 
@@ -100,7 +103,7 @@ def compare(
     out: dict = {"level_fraction": config.level_fraction, "smoothing_window": config.window,
                  "bootstrap_resamples": config.bootstrap, "confidence": config.confidence}
     if "opd" not in curves:
-        return dict(out, opd_improved_over_start=None, level=None, methods={}, reopold_vs_opd=None,
+        return dict(out, opd_improved_over_start=None, level=None, methods={}, pairs={}, reopold_vs_opd=None,
                     within_one_third=None, direction=None, note="no finished OPD run")
     smoothed = {m: mean_smoothed(c, config.window) for m, c in curves.items()}
     start = smoothed["opd"][0]  # every run starts from the same warm start, evaluated on the same problems
@@ -108,15 +111,19 @@ def compare(
     improved = improved_over_start(start, opd_final, eval_size)
     out.update(start_accuracy=start, opd_final_smoothed=opd_final, opd_improved_over_start=improved)
     if not improved:
-        return dict(out, level=None, methods={}, reopold_vs_opd=None, within_one_third=None, direction=None,
-                    note="OPD did not improve over the warm start, so no level to reach is defined")
+        return dict(out, level=None, methods={}, pairs={}, reopold_vs_opd=None, within_one_third=None,
+                    direction=None, note="OPD did not improve over the warm start, so no level to reach is defined")
     level = reach_level(start, opd_final, config.level_fraction)
     point = {m: samples_to_reach(samples, s, level) for m, s in smoothed.items()}
-    boot = _bootstrap(samples, curves, config)
+    resamples = _bootstrap(samples, curves, config)
+
+    def boot(method: str, baseline: str) -> list[float]:
+        return [math.nan if r is None else _ratio(r[baseline], r[method]) for r in resamples]
+
     methods = {}
     for m in curves:
         ratio = _ratio(point["opd"], point[m])
-        lo, hi = _interval(boot[m], config.confidence)
+        lo, hi = _interval(boot(m, "opd"), config.confidence)
         methods[m] = {
             "samples_to_reach": _json(point[m]),
             "samples_to_reach_per_seed": [
@@ -124,14 +131,22 @@ def compare(
             "ratio_vs_opd": _json(ratio),
             "ratio_ci": [_json(lo), _json(hi)],
             "ci_upper_unbounded": bool(math.isinf(hi)),
-            "bootstrap_undefined_fraction": float(np.mean([math.isnan(v) for v in boot[m]])),
+            "bootstrap_undefined_fraction": float(np.mean([math.isnan(v) for v in boot(m, "opd")])),
         }
-    out.update(level=level, methods=methods)
+    pairs = {}
+    for m, base in PAIRS:
+        if m in curves and base in curves:
+            lo, hi = _interval(boot(m, base), config.confidence)
+            ratio = _ratio(point[base], point[m])
+            pairs[f"{m}_vs_{base}"] = {"ratio": _json(ratio), "ratio_unbounded": bool(math.isinf(ratio)),
+                                       "ci": [_json(lo), _json(hi)], "ci_upper_unbounded": bool(math.isinf(hi)),
+                                       "direction": "confirmed" if lo > 1 else "refuted" if hi < 1 else "within noise"}
+    out.update(level=level, methods=methods, pairs=pairs)
     reo = methods.get("reopold")
     if reo is None:
         return dict(out, reopold_vs_opd=None, within_one_third=None, direction=None, note="no finished REOPOLD run")
     ratio = _ratio(point["opd"], point["reopold"])
-    lo, hi = _interval(boot["reopold"], config.confidence)
+    lo, hi = _interval(boot("reopold", "opd"), config.confidence)
     out["reopold_vs_opd"] = {"ratio": _json(ratio), "ci": reo["ratio_ci"], "ci_upper_unbounded": math.isinf(hi)}
     # REOPOLD's samples-to-reach within a third of OPD's: |S_REOPOLD / S_OPD - 1| <= 1/3 (a ratio in
     # [0.75, 1.5]). Identical curves give true; a 3x gain (the paper reports up to 12x) gives false.
@@ -142,21 +157,19 @@ def compare(
 
 def _bootstrap(
     samples: list[float], curves: dict[str, list[list[float]]], config: ReachConfig
-) -> dict[str, list[float]]:
-    """Ratios samples_OPD / samples_method over resamples of seeds (with replacement, per method)."""
+) -> list[dict[str, float | None] | None]:
+    """Per resample of seeds (with replacement, per method), every method's samples-to-reach at that
+    resample's level (None = never reached); None for a resample where OPD gained nothing (no level)."""
     rng = np.random.default_rng(config.seed)
     arrays = {m: np.asarray(c, dtype=float) for m, c in curves.items()}
-    ratios: dict[str, list[float]] = {m: [] for m in curves}
+    out: list[dict[str, float | None] | None] = []
     for _ in range(config.bootstrap):
         means = {m: smooth(list(a[rng.integers(0, len(a), len(a))].mean(axis=0)), config.window)
                  for m, a in arrays.items()}
         start, final = means["opd"][0], means["opd"][-1]
-        if final <= start:  # no gain in this resample: no level, the ratio is undefined
-            for m in curves:
-                ratios[m].append(math.nan)
+        if final <= start:
+            out.append(None)
             continue
         level = reach_level(start, final, config.level_fraction)
-        opd = samples_to_reach(samples, means["opd"], level)
-        for m in curves:
-            ratios[m].append(_ratio(opd, samples_to_reach(samples, means[m], level)))
-    return ratios
+        out.append({m: samples_to_reach(samples, means[m], level) for m in curves})
+    return out

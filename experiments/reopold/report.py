@@ -88,6 +88,8 @@ def build_summary(out: Path, scale: Scale) -> dict:
         "within_one_third": reach.get("within_one_third"),
         "direction": reach.get("direction"),  # confirmed | refuted | within noise (of "REOPOLD needs fewer")
         "level": reach.get("level"),
+        # REOPOLD vs GRPO and OPD vs GRPO (and REOPOLD vs OPD again): samples_baseline / samples_method
+        "pairs": reach.get("pairs", {}),
         "reach": reach,
         "curves": curves,
         "learning_rates": {m: r["chosen_lr"] for m, r in grid["methods"].items()} if grid else None,
@@ -129,7 +131,9 @@ def _fmt(x, digits: int = 3) -> str:
 
 
 def _ci(lo, hi, upper_unbounded: bool = False) -> str:
-    return f"[{_fmt(lo, 2)}, {'∞' if upper_unbounded else _fmt(hi, 2)}]"
+    """An interval; a bound past every finite ratio (a method that never reaches the level) prints as ∞."""
+    unbounded_lo = upper_unbounded and lo is None and hi is None
+    return f"[{'∞' if unbounded_lo else _fmt(lo, 2)}, {'∞' if upper_unbounded else _fmt(hi, 2)}]"
 
 
 def results_table(summary: dict) -> str:
@@ -155,10 +159,17 @@ def results_table(summary: dict) -> str:
                f"{_fmt(summary['samples_to_reach_ratio'], 2)}, CI {reo_ci}; "
                f"within_one_third: {summary['within_one_third']}; direction: {summary['direction']}; "
                f"OPD improved over start: {summary['opd_improved_over_start']}; bar met: {summary['bar']['met']}.")
+    pairs = ["| comparison | samples-to-reach ratio [95% CI] | direction |", "| --- | --- | --- |"]
+    for name, pair in summary.get("pairs", {}).items():
+        method, baseline = name.split("_vs_")
+        ratio = "∞" if pair["ratio_unbounded"] else _fmt(pair["ratio"], 2)
+        pairs.append(f"| {method} vs {baseline} (samples of {baseline} / samples of {method}) | {ratio} "
+                     f"{_ci(*pair['ci'], pair['ci_upper_unbounded'])} | {pair['direction']} |")
     head = (f"Teacher {_fmt(summary['teacher_accuracy'])}, warm start {_fmt(summary['start_accuracy'])} "
             f"({summary['student_layers']} layers), {summary['eval_size']} test problems, "
             f"{summary['samples_per_run']} samples per run.")
-    return "\n".join([head, "", *rows, "", verdict]) + "\n"
+    tail = ["", *pairs] if len(pairs) > 2 else []
+    return "\n".join([head, "", *rows, "", verdict, *tail]) + "\n"
 
 
 def write_report(out: Path, scale: Scale) -> dict:

@@ -55,7 +55,8 @@ class Scale:
     min_start: float = 0.0
     warmup_eval_every: int = 0
     # 3. the comparison: every method x seed from the same warm start, the same samples per run
-    methods: tuple[str, ...] = ("reopold", "opd", "gkd", "sft")
+    # grpo: the reinforcement-learning baseline (reward = the task's checker, no teacher) the paper compares with
+    methods: tuple[str, ...] = ("reopold", "opd", "grpo", "gkd", "sft")
     seeds: tuple[int, ...] = (0, 1, 2)
     pool: int = 2048  # training prompts of the runs (the teacher's answers to them are cached once)
     batch_size: int = 64  # student samples per step
@@ -69,6 +70,17 @@ class Scale:
     grid_extend: int = 2
     run_checkpoint_every: int = 0  # steps between a run's checkpoints; 0 = only at its end (short runs)
     switch_fraction: float = 1 / 3  # REOPOLD's phase switch, as a fraction of the steps
+    # GRPO: batch_size samples a step as batch_size / grpo_group_size prompts x grpo_group_size samples (the
+    # same student samples per run as every other method), KL penalty to the warm start (k3)
+    grpo_group_size: int = 4
+    grpo_kl_coef: float = 0.04
+    # Extensions (experiments/reopold/extensions.py), one REOPOLD run each from the experiment's own stages:
+    # cross-vocabulary: a student of another vocabulary ("tiny-pairs" = a tiny model over character pairs)
+    # warmed up on the teacher's answers as text, then distilled from the teacher through the text path;
+    # self-distillation: the teacher is the warm start's own checkpoint after this many supervised steps on
+    # the task's solutions, and the student restarts from the warm start (that checkpoint's earlier self)
+    cross_vocab_student: str = "gemma3-270m"
+    self_teacher_steps: int = 400
     # 4. analysis
     smoothing_window: int = 3
     bootstrap: int = 2000
@@ -80,6 +92,9 @@ class Scale:
             raise HyflashError(f"scale {self.name}: grid steps ({self.grid_steps}) must be a multiple of eval-every")
         if not 0 <= self.min_start <= self.max_start:
             raise HyflashError(f"scale {self.name}: min-start ({self.min_start}) must lie in [0, max-start]")
+        if "grpo" in self.methods and self.batch_size % self.grpo_group_size:
+            raise HyflashError(f"scale {self.name}: grpo-group-size ({self.grpo_group_size}) must divide the batch "
+                               f"({self.batch_size})")
         if "opd" not in self.methods:
             raise HyflashError(f"scale {self.name}: OPD sets the level to reach, so it must be one of the methods")
 
@@ -117,6 +132,7 @@ SCALES = {
         val_size=8, eval_batch=8, teacher_pool=64, teacher_steps=3, teacher_batch=4, teacher_lr=1e-3,
         teacher_eval_every=3, probe_layers=(1, 2), warmup_steps=2, warmup_batch=4, pool=32, batch_size=4,
         steps=3, eval_every=1, lr_grid=(1e-3, 3e-3), grid_steps=2, run_checkpoint_every=1, bootstrap=200,
+        grpo_group_size=2, cross_vocab_student="tiny-pairs", self_teacher_steps=3,
     ),
     "cpu": _CPU,
     # The cpu scale with the grid one step lower. The first cpu run ended with OPD +0.023 over its start, just

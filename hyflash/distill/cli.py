@@ -11,18 +11,20 @@ from hyflash.errors import HyflashError
 def add_cli(sub) -> None:
     p = sub.add_parser(
         "distill",
-        help="distil a small student from a teacher (REOPOLD, OPD, GKD, skew reverse KL, supervised KD)",
+        help="distil a small student from a teacher (REOPOLD, OPD, GKD, skew reverse KL, supervised KD), or train "
+        "it by GRPO on the task's checker",
         description="Train a student on arithmetic problems against a teacher; evaluates held-out accuracy "
         "every --eval-every steps and logs it against the number of samples seen (eval.jsonl, train.jsonl).",
     )
-    p.add_argument("--method", default="reopold", choices=["reopold", "opd", "gkd", "skew-rkl", "sft"])
+    p.add_argument("--method", default="reopold", choices=["reopold", "opd", "gkd", "skew-rkl", "sft", "grpo"])
     p.add_argument("--teacher", default="smollm2-135m", help="built-in name or model folder (a saved student "
                    "works too: self-distillation)")
     p.add_argument("--student", default="first-6", help="first-N[:MODEL] (first N layers of MODEL, default "
                    "the default target) or a model folder")
     p.add_argument("--out", required=True, help="output folder: logs, checkpoint, plot")
     p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--batch-size", type=int, default=8, help="prompts (= student samples) per step")
+    p.add_argument("--batch-size", type=int, default=8, help="student samples per step (one per prompt; grpo: "
+                   "--group-size per prompt)")
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--temperature", type=float, default=1.0, help="rollout temperature")
     p.add_argument("--lr", type=float, default=5e-5)
@@ -58,6 +60,9 @@ def add_cli(sub) -> None:
     g.add_argument("--gkd-beta", type=float, default=0.5, help="generalised JSD: 0 forward KL, 1 reverse KL")
     g.add_argument("--skew-alpha", type=float, default=0.1, help="DistiLLM skew reverse KL mixture weight")
     g.add_argument("--sft-cache", default=None, help="JSONL cache of teacher samples for --method sft")
+    g = p.add_argument_group("GRPO (reward: the task's exact checker; no teacher)")
+    g.add_argument("--group-size", type=int, default=4, help="samples per prompt (G); divides --batch-size")
+    g.add_argument("--kl-coef", type=float, default=0.04, help="weight of the k3 KL penalty to the starting student")
     p.add_argument("--no-plot", action="store_true")
     p.set_defaults(handler=cmd_distill)
     _add_experiment_cli(sub)
@@ -103,6 +108,7 @@ def cmd_distill(args) -> int:
         lam=args.lam, floor_form=args.floor_form, entropy_top_fraction=args.entropy_top,
         switch_step=args.switch_step, updates_per_rollout=args.updates_per_rollout,
         ratio_clip=args.ratio_clip, gkd_beta=args.gkd_beta, skew_alpha=args.skew_alpha, sft_cache=args.sft_cache,
+        grpo_group_size=args.group_size, kl_coef=args.kl_coef,
     )
     trainer = Trainer(config, resume=args.resume)
     evals = trainer.run()

@@ -1,5 +1,5 @@
 """Distillation losses on student rollouts: REOPOLD, sampled-token OPD, GKD (generalised JSD), DistiLLM's
-skew reverse KL, and supervised KD on teacher samples.
+skew reverse KL, supervised KD on teacher samples, and the reinforcement-learning baseline GRPO.
 
 Shapes: logits [B, T, V] at the response positions, tokens/valid [B, T]. Full-distribution losses run in
 chunks of positions so the extra [chunk, V] temporaries stay small whatever the batch.
@@ -15,7 +15,9 @@ import torch.nn.functional as F
 
 from hyflash.credit import (
     CreditConfig,
+    group_relative_advantages,
     importance_weight,
+    k3_kl,
     reopold_credit,
     reward_quantiles,
     token_reward,
@@ -91,6 +93,37 @@ def reopold_loss(
     rho = None if sampling_logp is None else importance_weight(logp, sampling_logp, ratio_clip)
     loss = policy_loss(logp, credit.advantage, credit.mask, rho, normalizer=valid if normalize == "valid" else None)
     stats = dict(credit.stats, **reward_quantiles(reward, valid))
+    if rho is not None:
+        stats["ratio_mean"] = float(_masked_mean(rho, valid))
+    return LossOutput(loss, stats)
+
+
+def grpo_loss(
+    logp: torch.Tensor,
+    rewards: torch.Tensor,
+    valid: torch.Tensor,
+    group_size: int,
+    reference_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    sampling_logp: torch.Tensor | None = None,
+    ratio_clip: float | None = None,
+) -> LossOutput:
+    """GRPO: every token of sample i carries the group-relative advantage A_i of its reward (the task's exact
+    checker), through the same surrogate and importance ratio as REOPOLD, plus kl_coef times the k3 estimate
+    of KL(pi || pi_ref) to the starting policy. Both terms divide by the batch's response tokens (the
+    "valid" normalisation every method of the experiment uses), not per sequence."""
+    advantage = group_relative_advantages(rewards, group_size)
+    rho = None if sampling_logp is None else importance_weight(logp, sampling_logp, ratio_clip)
+    loss = policy_loss(logp, advantage[:, None].expand_as(logp), valid, rho, normalizer=valid)
+    groups = rewards.reshape(-1, group_size)
+    stats = {"reward_mean": float(rewards.float().mean()),
+             # groups whose samples disagree: the only ones that give a gradient
+             "informative_groups": float((groups.max(1).values > groups.min(1).values).float().mean())}
+    if reference_logp is not None:
+        kl = k3_kl(logp, reference_logp)
+        stats["kl"] = float(_masked_mean(kl.detach(), valid))
+        if kl_coef:
+            loss = loss + kl_coef * _masked_mean(kl, valid)
     if rho is not None:
         stats["ratio_mean"] = float(_masked_mean(rho, valid))
     return LossOutput(loss, stats)

@@ -97,13 +97,14 @@ def char_tokenizer(size: int = 97, width: int = 1):
     return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
 
 
-def save_tiny_model(folder: Path, layers: int = 4, hidden: int = 32, seed: int = 0) -> Path:
-    """A tiny random Llama over `char_tokenizer()`, saved as a model folder: a stand-in for SmolLM2 that
-    every stage of the experiment can fine-tune, cut and distil in milliseconds."""
+def save_tiny_model(folder: Path, layers: int = 4, hidden: int = 32, seed: int = 0, width: int = 1) -> Path:
+    """A tiny random Llama over `char_tokenizer(width=width)`, saved as a model folder: a stand-in for SmolLM2
+    (width 1) or for a model with another vocabulary (width 2) that every stage of the experiment can
+    fine-tune, cut and distil in milliseconds."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    tokenizer = char_tokenizer()
+    tokenizer = char_tokenizer(width=width)
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,

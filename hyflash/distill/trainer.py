@@ -1,5 +1,9 @@
 """The distillation loop: rollout -> teacher scores -> loss -> update, with evaluation and exact resume.
 
+The same loop runs the reinforcement-learning baseline GRPO (`method="grpo"`): the rollout is G samples per
+prompt, the task's exact checker scores them instead of a teacher, and a frozen copy of the starting student
+is the reference of its KL penalty.
+
 Every random choice of step s (which problems, which sampled tokens) is a pure function of (seed, s), so a
 resumed run needs only the weights, the optimizer state and the step counter to continue bit for bit.
 Checkpoints (safetensors for tensors, JSON for the rest) are written to a temporary folder and swapped in,
@@ -11,6 +15,7 @@ the hot loops copy nothing back to the host except the sampled texts (one copy p
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import random
@@ -31,7 +36,7 @@ from hyflash.machine import auto_dtype
 from hyflash.optimizer_state import load_optimizer, optimizer_tensors
 from hyflash.targets import DTYPES
 
-METHODS = ("reopold", "opd", "gkd", "skew-rkl", "sft")
+METHODS = ("reopold", "opd", "gkd", "skew-rkl", "sft", "grpo")
 FULL_DISTRIBUTION = ("gkd", "skew-rkl")  # need the teacher's whole distribution, hence a shared vocabulary
 SFT_SOURCES = ("teacher", "ground-truth")  # sft learns the teacher's greedy answers, or the task's solutions
 DEVICES = ("cpu", "cuda", "auto")
@@ -55,7 +60,7 @@ class DistillConfig:
     student: str = "first-6"  # first-N[:MODEL] or a model folder (e.g. a warmed-up student)
     out: str = "runs/distill"
     steps: int = 60
-    batch_size: int = 8  # prompts per step, one sample each
+    batch_size: int = 8  # student samples per step: one per prompt (grpo: batch_size / grpo_group_size prompts)
     max_new_tokens: int = 24
     temperature: float = 1.0  # rollout temperature; != 1 makes the importance ratio differ from 1
     lr: float = 5e-5
@@ -96,6 +101,10 @@ class DistillConfig:
     skew_alpha: float = 0.1
     sft_cache: str | None = None  # JSONL of teacher responses; default <out>/teacher_samples.jsonl
     sft_source: str = "teacher"  # SFT_SOURCES
+    # GRPO (reinforcement learning, reward = the task's checker): samples per prompt, and the weight of the
+    # k3 KL penalty to the starting student (0 = none, and no reference pass)
+    grpo_group_size: int = 4
+    kl_coef: float = 0.04
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -111,6 +120,11 @@ class DistillConfig:
             if getattr(self, name) not in allowed:
                 raise HyflashError(f"unknown {name.replace('_', '-')} {getattr(self, name)!r}: "
                                    f"use one of {', '.join(allowed)}")
+        if self.method == "grpo" and (self.grpo_group_size < 2 or self.batch_size % self.grpo_group_size):
+            raise HyflashError(f"grpo needs groups of >= 2 samples that divide the batch: batch-size "
+                               f"{self.batch_size}, group size {self.grpo_group_size}")
+        if self.kl_coef < 0:
+            raise HyflashError(f"kl-coef must be >= 0, got {self.kl_coef}")
         if self.stop_at_accuracy is not None and not 0 < self.stop_at_accuracy <= 1:
             raise HyflashError(f"stop-at-accuracy must be in (0, 1], got {self.stop_at_accuracy}")
 
@@ -221,12 +235,19 @@ class Trainer:
         # OPD is REOPOLD with every relaxation off (CreditConfig's defaults): one loss code path, so the two
         # share the normalisation and the importance ratio and differ only in the credit rule.
         self.credit_config = c.credit() if c.method == "reopold" else CreditConfig() if c.method == "opd" else None
-        # Supervised training on the task's own solutions (fine-tuning a teacher) needs no teacher at all.
-        self.needs_teacher = not (c.method == "sft" and c.sft_source == "ground-truth")
+        # Supervised training on the task's own solutions (fine-tuning a teacher) and GRPO (rewarded by the
+        # task's checker) need no teacher at all; one passed in is not used.
+        self.needs_teacher = not (c.method == "sft" and c.sft_source == "ground-truth") and c.method != "grpo"
         if teacher is None and self.needs_teacher:
             teacher, teacher_tokenizer = load_model(c.teacher, auto_dtype(c.teacher_dtype, self.device))
-        self.teacher = teacher.to(self.device).eval() if teacher is not None else None
-        self.teacher_tokenizer = teacher_tokenizer
+        self.teacher = teacher.to(self.device).eval() if self.needs_teacher else None
+        self.teacher_tokenizer = teacher_tokenizer if self.needs_teacher else None
+        # GRPO's KL reference: the starting student, frozen in fp32 (so the penalty is exactly 0 at the start).
+        # Taken before a resume swaps in the checkpoint: the reference stays the start, not the last checkpoint.
+        self.reference = None
+        if c.method == "grpo" and c.kl_coef > 0:
+            start = copy.deepcopy(student) if student is not None else load_model(c.student, "float32")[0]
+            self.reference = start.float().to(self.device).eval().requires_grad_(False)
         self.step = 0
         self.stopped_early = False
         resume_from = self._checkpoint_dir()
@@ -241,7 +262,8 @@ class Trainer:
             freeze_embeddings(self.student)
         self.fast = self._make_fast_copy()
         self.cross_vocab = self.teacher is not None and not same_vocabulary(self.tokenizer, self.teacher_tokenizer)
-        if self.cross_vocab and c.method in FULL_DISTRIBUTION + ("sft",):
+        # SFT learns the teacher's answers as text, so another vocabulary is fine there.
+        if self.cross_vocab and c.method in FULL_DISTRIBUTION:
             raise HyflashError(
                 f"--method {c.method} needs the teacher's token distribution over the student's vocabulary; "
                 "with a different tokenizer use reopold or opd (they score text and map credit back)"
@@ -269,8 +291,6 @@ class Trainer:
     def _make_fast_copy(self):
         if self.config.rollout_dtype == "float32":
             return self.student
-        import copy
-
         return copy.deepcopy(self.student).to(DTYPES[self.config.rollout_dtype]).eval()
 
     @torch.no_grad()
@@ -283,8 +303,13 @@ class Trainer:
 
     # ----- one step ---------------------------------------------------------------------------------------
     def _batch(self, step: int) -> tuple[list, torch.Generator]:
-        rng, gen = _step_rng(self.config.seed, step, self.device)
-        return rng.sample(self.train_pool, self.config.batch_size), gen
+        """The step's problems, one per sample: GRPO's G samples of a prompt are consecutive rows."""
+        c = self.config
+        rng, gen = _step_rng(c.seed, step, self.device)
+        if c.method != "grpo":
+            return rng.sample(self.train_pool, c.batch_size), gen
+        prompts = rng.sample(self.train_pool, c.batch_size // c.grpo_group_size)
+        return [p for p in prompts for _ in range(c.grpo_group_size)], gen
 
     def _sft_targets(self, problems: list) -> list[str]:
         if self.teacher_samples is None:  # ground truth
@@ -296,12 +321,15 @@ class Trainer:
         problems, gen = self._batch(step)
         prompts = [p.prompt for p in problems]
         t0 = time.time()
+        teacher_logp = teacher_logits = reference_logp = None
         if c.method == "sft":
             batch = rollout_from_texts(self.tokenizer, prompts, self._sft_targets(problems), self.device)
-            teacher_logp = teacher_logits = None
         else:
             batch = rollout.sample(self.fast, self.tokenizer, prompts, c.max_new_tokens, c.temperature, gen)
-            if self.cross_vocab:
+            if c.method == "grpo":
+                if self.reference is not None:
+                    reference_logp = rollout.teacher_scores(self.reference, batch)[0]
+            elif self.cross_vocab:
                 teacher_logp = rollout.teacher_scores_cross_vocab(
                     self.teacher, self.teacher_tokenizer, self.tokenizer, batch
                 )
@@ -315,10 +343,19 @@ class Trainer:
             for group in self.optimizer.param_groups:
                 group["lr"] = c.lr * (1 - 0.9 * step / c.steps)
         self.student.train()
+        correct = [tasks.is_correct(p, r) for p, r in zip(problems, batch.texts)]
         for _ in range(c.updates_per_rollout if c.method == "reopold" else 1):
             logits = rollout.response_logits(self.student, batch.ids, batch.attention_mask, batch.prompt_len)
             logp, entropy = losses.token_logp_entropy(logits, batch.response)
-            loss, stats = self._loss(logits, logp, entropy, teacher_logp, teacher_logits, batch, step)
+            if c.method == "grpo":
+                rewards = torch.tensor(correct, dtype=torch.float32, device=self.device)
+                out = losses.grpo_loss(
+                    logp, rewards, batch.valid, c.grpo_group_size, reference_logp, c.kl_coef,
+                    sampling_logp=batch.sampling_logp if self._off_policy else None, ratio_clip=c.ratio_clip,
+                )
+                loss, stats = out.loss, out.stats
+            else:
+                loss, stats = self._loss(logits, logp, entropy, teacher_logp, teacher_logits, batch, step)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(
@@ -339,7 +376,7 @@ class Trainer:
             entropy=float(entropy[valid].mean()) if valid.any() else 0.0,
             response_tokens=batch.num_tokens / len(problems),
             # For sft these are the teacher's samples, for the other methods the student's own.
-            sample_accuracy=sum(tasks.is_correct(p, r) for p, r in zip(problems, batch.texts)) / len(problems),
+            sample_accuracy=sum(correct) / len(problems),
             seconds=time.time() - t0,
         )
         return record
