@@ -24,7 +24,7 @@ def parse_drafter(spec: str) -> tuple[str, str]:
 
 
 def add_cli(sub) -> None:
-    from hyflash.bench.datasets import SETS
+    from hyflash.bench.datasets import DEFAULT_SETS, SETS
     from hyflash.bench.methods import BUILTIN_METHODS
 
     p = sub.add_parser("bench", help="benchmark decoding methods side by side on held-out sets")
@@ -33,7 +33,7 @@ def add_cli(sub) -> None:
     add_engine_args(p)
     p.add_argument("--trees", type=lambda s: tuple(-1 if x == "auto" else int(x) for x in _csv(s)), default=(),
                    help="comma list of tree budgets: every trained drafter runs once per budget (overrides --tree)")
-    p.add_argument("--sets", type=_csv, default=tuple(SETS), help=f"comma list from: {', '.join(SETS)}")
+    p.add_argument("--sets", type=_csv, default=DEFAULT_SETS, help=f"comma list from: {', '.join(SETS)}")
     p.add_argument("--n", type=int, default=5, help="prompts per set (deterministic selection)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperatures", type=lambda s: tuple(float(x) for x in _csv(s)), default=(0.0, 0.7, 1.0),
