@@ -142,17 +142,20 @@ class SpeculationPolicy:
         """A new generation: per-run statistics restart; what was learned about acceptance is kept."""
         self.sources.clear()
         self.lengths.clear()
-        self.live.reset()
-        if self.guard:
-            self.guard.reset()
         if self.steps and self.retired_at != 0:
-            # The last generation tried the drafter from its start: back off over generations if it retired
-            # for not paying (a guard's fall-back judged the whole of speculation at one context, not it).
-            retired = self.retired_at is not None and not self.retired_by_guard
+            # The last generation tried the drafter from its start: back off over generations if it retired.
+            # A guard's fall-back judged speculation as a whole at one context, not the drafter: it counts only
+            # where an idle drafter costs (as for retiring by back-off; on llama.cpp, where a generation that
+            # starts without it also runs without the eval callback), not where it may pay on the next prompt.
+            retired = self.retired_at is not None and (
+                not self.retired_by_guard or self.idle_drafter_share() >= self.config.retire_min_idle_share)
             self.retired_runs = self.retired_runs + 1 if retired else 0
             self.rest_runs = min(2 ** (self.retired_runs - 1), self.config.max_rest_runs) if self.retired_runs else 0
         self.skip = self.skip_left = self.misses_at_max = self.steps = 0
         self.retired_at, self.retired_by_guard, self.proposed = None, False, None
+        self.live.reset()
+        if self.guard:
+            self.guard.reset()
         self.saved_ms, self.drafted = 0.0, False  # the ledger: expected ms saved by the expensive drafter
         if self.rest_runs:  # this generation starts without the expensive drafter
             self.rest_runs -= 1
