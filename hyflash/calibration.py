@@ -138,6 +138,26 @@ def measure_plain(target, contexts, reps: int = 7) -> list[float]:
 
 
 @torch.inference_mode()
+def measure_exactness(target, contexts=(300, 1000), q: int = 8) -> float:
+    """max |logit difference| between one q-token pass and q one-token passes over the same tokens, after each
+    context (0.0: bit-identical; otherwise a near-tie can flip a greedy token between speculative and plain
+    decoding: multi-token matrix products or attention may round differently, e.g. llama.cpp K-quant files or
+    an F16 K cache over 512+ cells)."""
+    worst = 0.0
+    gen = torch.Generator().manual_seed(4)
+    for context in usable_contexts(target, contexts, q):
+        ids = torch.randint(0, target.vocab_size, (context + q,), generator=gen)
+        target.prefill(ids[:context], features=False, feature_free=True)
+        block = target.score(ids[context:], features=False).logits
+        target.rollback(context)
+        singles = torch.cat([target.score(ids[context + i : context + i + 1], features=False).logits
+                             for i in range(q)])
+        worst = max(worst, float((block.float() - singles.float()).abs().max()))
+    target.reset()
+    return worst
+
+
+@torch.inference_mode()
 def measure_feature_ms(target, context: int, reps: int = 15) -> float:
     """What recording features adds to a one-token pass: the median of paired differences, each a pass with
     features next to one without (in alternating order), so drift cancels within a pair. Two medians taken one
@@ -226,7 +246,8 @@ def calibrate(model: str, dtype: str, drafter_spec: str | None = "default", cont
         draft_ms, ingest_ms = measure_drafter(target, drafter, min(DRAFTER_CONTEXT, max(contexts)))
     if features:
         feature_ms = measure_feature_ms(target, contexts[0], reps=5 * reps)
-    curve = CostCurve(model, target.precision, contexts, pass_ms, draft_ms, ingest_ms, key, feature_ms, plain_ms)
+    curve = CostCurve(model, target.precision, contexts, pass_ms, draft_ms, ingest_ms, key, feature_ms, plain_ms,
+                      measure_exactness(target))
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, {"version": FORMAT_VERSION, "curve": curve.to_dict()})
     return curve, True
@@ -252,6 +273,16 @@ def table(curves: list[CostCurve]) -> str:
             feature = "-" if c.feature_ms is None else f"{c.feature_ms:.2f} ms"
             lines.append(f"| {c.dtype} | {context} | " + " | ".join(cells) + f" | {draft} | {ingest} | {feature} |")
     return "\n".join(lines)
+
+
+def exactness_line(curve: CostCurve) -> str:
+    """What the exactness check found, for the calibrate command's report."""
+    what = f"{curve.model} {curve.dtype} ({curve.machine.get('backend', '?')})"
+    if curve.exactness is None:
+        return f"{what}: exactness not checked (calibrate --force checks it)"
+    verdict = ("bit-identical: speculative greedy text equals plain decoding's" if curve.exactness == 0 else
+               "not bit-identical: a near-tie can flip a greedy token between speculative and plain decoding")
+    return f"{what}: an 8-token pass vs 8 one-token passes, max |logit difference| {curve.exactness:.3g}, {verdict}"
 
 
 def plot(curves: list[CostCurve], path: Path) -> Path:

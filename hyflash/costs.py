@@ -38,6 +38,9 @@ class CostCurve:
     # plain_ms[i]: one step of plain decoding at contexts[i], as `--drafter none` runs it (no features asked
     # for; on llama.cpp, a context without the eval callback). What the guard must beat. None: pass_ms[i][0].
     plain_ms: list[float] | None = None
+    # max |logit difference| between one 8-token pass and 8 one-token passes over the same tokens (calibration's
+    # measure_exactness): 0.0 = bit-identical, so speculative greedy text equals plain decoding's exactly.
+    exactness: float | None = None
 
     @property
     def max_q(self) -> int:

@@ -174,6 +174,8 @@ def test_measure_target_and_cache(llama_target, tmp_path, monkeypatch):
                                       target=llama_target)
     assert measured and not measured_again and again == first
     assert first.feature_ms is not None and first.feature_ms >= 0  # what recording features adds to a pass
+    assert first.plain_ms is not None and len(first.plain_ms) == len(first.contexts) and min(first.plain_ms) > 0
+    assert first.exactness is not None and first.exactness < 1e-4  # fp32: rounding only
     files = list((tmp_path / "calibration").glob("*.json"))
     assert len(files) == 1
     data = json.loads(files[0].read_text())["curve"]
@@ -184,6 +186,18 @@ def test_measure_target_and_cache(llama_target, tmp_path, monkeypatch):
         assert calibrate("tiny", "float32", drafter_spec=None, contexts=(8,), reps=1, target=llama_target)[1]
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_exactness_check_sees_a_multi_token_pass_that_differs(llama_target, monkeypatch):
+    """Issue 39 item 9: calibrate checks, for any file, whether a multi-token pass equals one-token passes."""
+    from hyflash.calibration import exactness_line, measure_exactness
+
+    score = llama_target.score
+    monkeypatch.setattr(llama_target, "score", lambda ids, features=True, tree=None: (
+        lambda out: out if len(ids) == 1 else type(out)(out.logits + 0.5, out.features))(score(ids, features)))
+    assert measure_exactness(llama_target, contexts=(16,)) == pytest.approx(0.5, abs=1e-4)
+    line = exactness_line(CostCurve("m", "Q4_K_M", [0], [[1.0]], exactness=0.5))
+    assert "not bit-identical" in line and "0.5" in line
 
 
 def test_a_machine_that_slows_while_measured_does_not_bend_the_cost_curve(monkeypatch):
