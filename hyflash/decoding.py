@@ -167,6 +167,7 @@ def generate(
 
     start = _clock()
     out = target.prefill(prompt, features=want_features, feature_free=not want_features)
+    recording = want_features  # the sequence may still be asked for features
     next_token = int(sample(logits_to_probs(out.logits[-1], sampling), generator))
     if drafter is not None:
         drafter.reset()
@@ -184,8 +185,11 @@ def generate(
         t0 = _clock()
         plan = None  # a chain Draft, a DraftTree, or None (a plain step)
         # Once the expensive drafter has not paid this generation, its cheap part (if any) drafts on, and the
-        # target stops computing features nobody reads.
+        # target stops computing features nobody reads (and, on llama.cpp, moves to its context without them).
         active, want_features = _drafting(drafter, policy)
+        if recording and not want_features:
+            target.drop_features()
+            recording = False
         if active is not None and room > 0 and policy.drafting():
             k_max = min(active.block_size - 1, room)
             candidates = active.propose(next_token, k_max, sampling, generator, expensive=policy.wants_draft())
