@@ -3,10 +3,12 @@
 Speculation pays only when verifying q tokens costs less than q plain steps would. How much less differs by
 machine and dtype (on a Zen 3 CPU without native bf16, a 16-token bf16 pass costs 7 plain steps; on a Xeon
 with AMX, 1.4), so nothing is assumed: `calibrate` times c(q) = one cached target pass over q tokens, q = 1..16,
-at a few context lengths, and the drafter's draft and ingest steps, for each dtype asked. Results are cached
-per machine (CPU model and flags, threads, torch version, model, dtype) and backend (transformers: its
-version; llama.cpp: its version, a fingerprint of the GGUF file and the settings that change a pass's cost),
-so it runs once, and curves of the two backends never mix. On llama.cpp the GGUF's own quantisation runs:
+at context lengths up to 4k tokens (the decoding loop extrapolates beyond and corrects online: costs.py),
+the one-token step of plain decoding (no features), and the drafter's draft and ingest steps, for each dtype
+asked. Results are cached per machine (CPU model and flags, threads, torch version, model, dtype), backend
+(transformers: its version; llama.cpp: its version, a fingerprint of the GGUF file and the settings that
+change a pass's cost) and drafter (what it measured: its weights and config hash, or none), so it runs once,
+curves of the two backends never mix, and a drafter's step time never reaches a request without it. On llama.cpp the GGUF's own quantisation runs:
 there is one curve per file, under dtype "auto".
 
 `hyflash calibrate` prints the table and draws the curves; `policy.py` turns them into decisions.
@@ -24,25 +26,28 @@ from pathlib import Path
 import torch
 
 from hyflash.costs import CostCurve
-from hyflash.drafters.registry import build_drafter, needs_features
+from hyflash.drafters.registry import build_drafter, fingerprint, needs_features
 from hyflash.errors import HyflashError
 from hyflash.files import atomic_write_json
 from hyflash.machine import cpu_description
 from hyflash.sampling import SamplingConfig
 from hyflash.targets import cache_root, identity, load_target
 
-FORMAT_VERSION = 2  # 2: feature_ms
+FORMAT_VERSION = 3  # 2: feature_ms; 3: plain_ms, contexts to 4k, the drafter in the key
 # 64: below the first measured context the curve is flat, and a one-token llama.cpp Q4_1 pass costs ~2 ms
 # (~17%) less at 64 tokens of context than at 256, so chat-length prompts were costed as if 256 tokens long.
-DEFAULT_CONTEXTS = (64, 256, 1024)
+# 4096: a 5k-token prompt was costed as 1k tokens long (issue 36); beyond the last, the curve extrapolates.
+DEFAULT_CONTEXTS = (64, 256, 1024, 4096)
 DRAFTER_CONTEXT = 256  # a drafter's step is timed with its window full (the shipped drafter reads 256 tokens)
 _clock = time.perf_counter  # a module attribute, so tests can give measure_target a clock of their own
 MAX_Q = 16
 
 
-def machine_key(model: str, dtype: str, target=None) -> dict:
-    """What a cost curve is valid for: this machine, and the target's `identity()` (a transformers target needs
-    nothing loaded: its key is versions only; a llama.cpp target adds its library, file and settings)."""
+def machine_key(model: str, dtype: str, target=None, drafter: str = "none") -> dict:
+    """What a cost curve is valid for: this machine, the target's `identity()` (a transformers target needs
+    nothing loaded: its key is versions only; a llama.cpp target adds its library, file and settings) and the
+    drafter whose steps it timed (registry.fingerprint: its pass costs also depend on whether features are
+    recorded)."""
     cpu, flags = cpu_description()
     key = {
         "cpu": cpu,
@@ -52,6 +57,7 @@ def machine_key(model: str, dtype: str, target=None) -> dict:
         "python": sys.version.split()[0],
         "model": model,
         "dtype": dtype,
+        "drafter": drafter,
     }
     key.update(identity(dtype, target))
     return key
@@ -88,7 +94,7 @@ def measure_target(target, contexts=DEFAULT_CONTEXTS, max_q: int = MAX_Q, reps: 
     for context in contexts:
         context = min(context, target.max_context - max_q - 1)
         ids = torch.randint(0, target.vocab_size, (context + max_q,), generator=gen)
-        target.prefill(ids[:context], features=False)
+        target.prefill(ids[:context], features=False, feature_free=not features)
         for q in (1, 2):  # warm-up: first calls pay one-off costs
             _timed_pass(target, ids[context : context + q], features, context)
         times: list[list[float]] = [[] for _ in range(max_q)]
@@ -109,6 +115,46 @@ def _timed_pass(target, block: torch.Tensor, features: bool, context: int) -> fl
     ms = (_clock() - t0) * 1000
     target.rollback(context)
     return ms
+
+
+def usable_contexts(target, contexts, max_q: int = MAX_Q) -> list[int]:
+    """The contexts that fit the target with a max_q-token pass on top (a short model's longest is cut)."""
+    return sorted({min(int(c), target.max_context - max_q - 1) for c in contexts})
+
+
+@torch.inference_mode()
+def measure_plain(target, contexts, reps: int = 7) -> list[float]:
+    """ms of one step of plain decoding at each context: a one-token pass with no features in a sequence
+    prefilled feature-free (llama.cpp: the context without the eval callback), as `--drafter none` runs."""
+    gen = torch.Generator().manual_seed(3)
+    out = []
+    for context in contexts:
+        ids = torch.randint(0, target.vocab_size, (context + 1,), generator=gen)
+        target.prefill(ids[:context], features=False, feature_free=True)
+        _timed_pass(target, ids[context:], False, context)  # warm-up
+        out.append(statistics.median(_timed_pass(target, ids[context:], False, context) for _ in range(reps)))
+    target.reset()
+    return out
+
+
+@torch.inference_mode()
+def measure_exactness(target, contexts=(300, 1000), q: int = 8) -> float:
+    """max |logit difference| between one q-token pass and q one-token passes over the same tokens, after each
+    context (0.0: bit-identical; otherwise a near-tie can flip a greedy token between speculative and plain
+    decoding: multi-token matrix products or attention may round differently, e.g. llama.cpp K-quant files or
+    an F16 K cache over 512+ cells)."""
+    worst = 0.0
+    gen = torch.Generator().manual_seed(4)
+    for context in usable_contexts(target, contexts, q):
+        ids = torch.randint(0, target.vocab_size, (context + q,), generator=gen)
+        target.prefill(ids[:context], features=False, feature_free=True)
+        block = target.score(ids[context:], features=False).logits
+        target.rollback(context)
+        singles = torch.cat([target.score(ids[context + i : context + i + 1], features=False).logits
+                             for i in range(q)])
+        worst = max(worst, float((block.float() - singles.float()).abs().max()))
+    target.reset()
+    return worst
 
 
 @torch.inference_mode()
@@ -148,6 +194,17 @@ def measure_drafter(target, drafter, context: int = DRAFTER_CONTEXT, reps: int =
     return draft_ms, ingest_ms
 
 
+def _drafter_key(spec: str | None, model: str) -> str:
+    """The drafter part of the cache key: what will be measured (the default drafter missing from an install
+    is measured as no drafter, as `calibrate` does)."""
+    try:
+        return fingerprint(spec, model)
+    except HyflashError:
+        if spec != "default":
+            raise
+        return "none"
+
+
 def calibrate(model: str, dtype: str, drafter_spec: str | None = "default", contexts=DEFAULT_CONTEXTS,
               reps: int = 3, use_cache: bool = True, target=None, announce=None,
               backend: str = "transformers", target_options: dict | None = None) -> tuple[CostCurve, bool]:
@@ -159,7 +216,7 @@ def calibrate(model: str, dtype: str, drafter_spec: str | None = "default", cont
     if target is None and backend != "transformers":
         target = load_target(model, dtype, backend, record_features=needs_features(drafter_spec, model),
                              **(target_options or {}))
-    key = machine_key(model, dtype, target)
+    key = machine_key(model, dtype, target, _drafter_key(drafter_spec, getattr(target, "name", model)))
     path = cache_path(key)
     if use_cache and path.exists():
         try:
@@ -179,16 +236,18 @@ def calibrate(model: str, dtype: str, drafter_spec: str | None = "default", cont
             if drafter_spec != "default":
                 raise
     if announce:
-        announce(f"hyflash: measuring {model} {describe(dtype, backend)} on this machine (about 20 s, once) ...")
+        announce(f"hyflash: measuring {model} {describe(dtype, backend)} on this machine (about a minute, once) ...")
     features = drafter is None or drafter.needs_features
+    contexts = usable_contexts(target, contexts)
     pass_ms = measure_target(target, contexts, reps=reps, features=features)
+    plain_ms = measure_plain(target, contexts, reps=2 * reps + 1)
     draft_ms = ingest_ms = feature_ms = None
     if drafter is not None:
         draft_ms, ingest_ms = measure_drafter(target, drafter, min(DRAFTER_CONTEXT, max(contexts)))
     if features:
         feature_ms = measure_feature_ms(target, contexts[0], reps=5 * reps)
-    curve = CostCurve(model, target.precision, [int(c) for c in contexts], pass_ms, draft_ms, ingest_ms, key,
-                      feature_ms)
+    curve = CostCurve(model, target.precision, contexts, pass_ms, draft_ms, ingest_ms, key, feature_ms, plain_ms,
+                      measure_exactness(target))
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, {"version": FORMAT_VERSION, "curve": curve.to_dict()})
     return curve, True
@@ -214,6 +273,16 @@ def table(curves: list[CostCurve]) -> str:
             feature = "-" if c.feature_ms is None else f"{c.feature_ms:.2f} ms"
             lines.append(f"| {c.dtype} | {context} | " + " | ".join(cells) + f" | {draft} | {ingest} | {feature} |")
     return "\n".join(lines)
+
+
+def exactness_line(curve: CostCurve) -> str:
+    """What the exactness check found, for the calibrate command's report."""
+    what = f"{curve.model} {curve.dtype} ({curve.machine.get('backend', '?')})"
+    if curve.exactness is None:
+        return f"{what}: exactness not checked (calibrate --force checks it)"
+    verdict = ("bit-identical: speculative greedy text equals plain decoding's" if curve.exactness == 0 else
+               "not bit-identical: a near-tie can flip a greedy token between speculative and plain decoding")
+    return f"{what}: an 8-token pass vs 8 one-token passes, max |logit difference| {curve.exactness:.3g}, {verdict}"
 
 
 def plot(curves: list[CostCurve], path: Path) -> Path:

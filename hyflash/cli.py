@@ -127,7 +127,7 @@ def _add_calibrate(sub) -> None:
 def cmd_calibrate(args) -> int:
     from pathlib import Path
 
-    from hyflash.calibration import calibrate, describe, plot, table
+    from hyflash.calibration import calibrate, describe, exactness_line, plot, table
     from hyflash.engine import AUTO_CANDIDATES, GGUF_DTYPE
     from hyflash.policy import choose_dtype
 
@@ -160,6 +160,8 @@ def cmd_calibrate(args) -> int:
         return 0
     print(table(list(curves.values())))
     print()
+    for curve in curves.values():
+        print(exactness_line(curve))
     for what, (dtype, why) in auto.items():
         print(f"--dtype auto: {'plain decoding' if what == 'plain' else what} -> {dtype} ({why})")
     if args.plot:

@@ -200,6 +200,25 @@ def package_descriptions() -> dict[str, str]:
     return found
 
 
+def heldout_package_sources(min_chars: int = 0) -> dict[str, str]:
+    """Python sources of the installed packages in the held-out split ("package:NAME", as prose_prompts splits
+    them), by "NAME/path": training read neither their docstrings nor (training reads no package code) their
+    code. Sorted by name; files shorter than min_chars left out."""
+    found: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata.get("Name") or "").lower()
+        if not name or split_of(f"package:{name}") != "heldout" or name == "pip" or "-part" in name:
+            continue
+        for file in sorted(str(f) for f in (dist.files or []) if str(f).endswith(".py")):
+            try:
+                text = Path(dist.locate_file(file)).read_text(encoding="utf-8")
+            except (UnicodeDecodeError, OSError):
+                continue
+            if len(text) >= min_chars:
+                found[f"{name}/{file}"] = text
+    return dict(sorted(found.items()))
+
+
 def prose_prompts(split: str, seed: int = 0, per_package: int = 40, heldout_percent: int = 5,
                   min_chars: int = 600) -> list[Prompt]:
     """Raw continuations of long docstrings from installed packages, split by package name.

@@ -1,4 +1,5 @@
-"""What the speculation policy reads: a machine's measured cost curve for one (model, dtype).
+"""What the speculation policy reads: a machine's measured cost curve for one (model, dtype), and the same
+curve corrected online by what the generation running now measures.
 
 `calibration.py` measures and caches curves; `policy.py` turns them into decisions.
 """
@@ -6,6 +7,18 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+
+
+def _interpolate(xs: list[int], ys: list[float], x: float) -> float:
+    """Linear between measured points; beyond the last, along the last segment's slope (a pass reads the whole
+    cache, so its cost keeps growing with context), never below the last measured value."""
+    if x <= xs[0] or len(xs) == 1:
+        return ys[0] if x <= xs[0] else ys[-1]
+    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    (x0, y0), (x1, y1) = (xs[-2], ys[-2]), (xs[-1], ys[-1])
+    return max(y1, y1 + (y1 - y0) * (x - x1) / (x1 - x0))
 
 
 @dataclass
@@ -22,21 +35,25 @@ class CostCurve:
     # What recording features adds to a one-token pass (llama.cpp: its eval callback splits the graph and
     # copies the layers out), paid on every pass while a drafter that reads features is in use.
     feature_ms: float | None = None
+    # plain_ms[i]: one step of plain decoding at contexts[i], as `--drafter none` runs it (no features asked
+    # for; on llama.cpp, a context without the eval callback). What the guard must beat. None: pass_ms[i][0].
+    plain_ms: list[float] | None = None
+    # max |logit difference| between one 8-token pass and 8 one-token passes over the same tokens (calibration's
+    # measure_exactness): 0.0 = bit-identical, so speculative greedy text equals plain decoding's exactly.
+    exactness: float | None = None
 
     @property
     def max_q(self) -> int:
         return len(self.pass_ms[0])
 
     def cost(self, q: int, context: int) -> float:
-        """c(q) at this context length: linear between measured contexts, flat beyond them."""
+        """c(q) at this context length: linear between measured contexts, extrapolated beyond them."""
         q = min(max(q, 1), self.max_q)
-        xs, ys = self.contexts, [row[q - 1] for row in self.pass_ms]
-        if context <= xs[0]:
-            return ys[0]
-        for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
-            if context <= x1:
-                return y0 + (y1 - y0) * (context - x0) / (x1 - x0)
-        return ys[-1]
+        return _interpolate(self.contexts, [row[q - 1] for row in self.pass_ms], context)
+
+    def plain(self, context: int) -> float:
+        """One plain decoding step at this context length (see plain_ms)."""
+        return _interpolate(self.contexts, self.plain_ms, context) if self.plain_ms else self.cost(1, context)
 
     def relative(self, context: int) -> list[float]:
         """c(q) / c(1) for q = 1..max_q: how many plain steps a q-token verification costs."""
@@ -49,3 +66,105 @@ class CostCurve:
     @classmethod
     def from_dict(cls, data: dict) -> "CostCurve":
         return cls(**data)
+
+
+@dataclass
+class StepTimes:
+    """What one decoding step took, in ms, as the loop measured it (the policy reads nothing else of time)."""
+
+    draft: float = 0.0  # proposing drafts and planning
+    verify: float = 0.0  # the target pass and the rejection rule
+    ingest: float = 0.0  # the drafter's ingest of the verified tokens
+    total: float = 0.0  # the whole step, the loop's bookkeeping included
+
+
+# q buckets the online correction keeps a factor for: 1 | 2 | 3-4 | 5-8 | 9+ (c(q) bends differently at
+# different q: the matrix kernels change shape, so one factor for all would misplace the best k).
+_BUCKET_EDGES = (1, 2, 4, 8)
+
+
+def _bucket(q: int) -> int:
+    return next((i for i, edge in enumerate(_BUCKET_EDGES) if q <= edge), len(_BUCKET_EDGES))
+
+
+class Ema:
+    """An exponential moving average; None until the first value."""
+
+    def __init__(self, alpha: float):
+        self.alpha, self.value = alpha, None
+
+    def add(self, x: float) -> None:
+        self.value = x if self.value is None else self.value + self.alpha * (x - self.value)
+
+
+class LiveCosts:
+    """The cost curve as this generation finds it. The calibration may be stale (another job now shares the CPU),
+    or measured at other contexts than the one the generation is at: every measured pass corrects the curve by
+    the EMA of measured / predicted, per q bucket (see _factor for one not measured yet). Also measured here: the per-step costs the curve
+    cannot know (the drafter's propose and ingest, the loop's own Python) and plain steps.
+
+    Without a curve (None) every pass costs 1 and nothing is corrected: the flat curve of a fixed policy."""
+
+    def __init__(self, curve: CostCurve | None, alpha: float = 0.25):
+        self.curve, self.alpha = curve, alpha
+        self.reset()
+
+    def reset(self) -> None:
+        """A new generation: it may run at another context, so corrections start again from the calibration."""
+        self.factor = [Ema(self.alpha) for _ in range(len(_BUCKET_EDGES) + 1)]
+        self.plain_factor = Ema(self.alpha)
+        self.propose = {True: Ema(self.alpha), False: Ema(self.alpha)}  # by whether the expensive drafter ran
+        self.ingest_per_token = Ema(self.alpha)
+        self.loop = Ema(self.alpha)  # the step's time outside drafting, the pass and ingest
+
+    def _factor(self, q: int) -> float:
+        """The bucket's correction; one not measured yet stays as calibrated (a one-token pass: as plain steps
+        measured, if any). Not the other buckets' mean: if a stale curve is wrong in its shape, q's still
+        costed as calibrated get chosen and so measured, a plain step among them, within a step or two."""
+        candidates = (self.factor[_bucket(q)].value,) + ((self.plain_factor.value,) if q == 1 else ())
+        return next((f for f in candidates if f is not None), 1.0)
+
+    def pass_ms(self, q: int, context: int) -> float:
+        return 1.0 if self.curve is None else self.curve.cost(q, context) * self._factor(q)
+
+    def plain_ms(self, context: int) -> float:
+        """A plain decoding step's pass (feature-free): corrected by the plain passes measured, else by the
+        one-token passes measured, else as calibrated. Never inferred from longer passes: if only those were
+        measured slower than calibrated, the machine may have slowed or the curve may be wrong in its shape,
+        and only a plain step tells which (the guard's fall-back takes those steps)."""
+        if self.curve is None:
+            return 1.0
+        factor = next((f for f in (self.plain_factor.value, self.factor[0].value) if f is not None), 1.0)
+        return self.curve.plain(context) * factor
+
+    def record(self, q: int, context: int, times: StepTimes, tokens: int, proposed: bool | None) -> None:
+        """One step: a q-token pass at `context` committing `tokens`; proposed: None (the drafter did not run:
+        a plain step), else whether its expensive part did."""
+        if self.curve is None or times.verify <= 0:  # no curve to correct, or a clock that did not tick
+            return
+        if proposed is None:
+            self.plain_factor.add(times.verify / self.curve.plain(context))
+        else:
+            self.factor[_bucket(q)].add(times.verify / self.curve.cost(q, context))
+        if proposed is not None:  # (zero readings, here too, are a clock that did not tick: no information)
+            if times.draft > 0:
+                self.propose[proposed].add(times.draft)
+            if times.ingest > 0:
+                self.ingest_per_token.add(times.ingest / max(1, tokens))
+        self.loop.add(max(0.0, times.total - times.draft - times.verify - times.ingest))
+
+    def draft_ms(self) -> float:
+        """What the expensive drafter adds to a step's proposing: measured (with it, less without it) once seen,
+        else the calibrated block time."""
+        with_it, without = self.propose[True].value, self.propose[False].value
+        if with_it is not None:
+            return max(0.0, with_it - (without or 0.0))
+        return 0.0 if self.curve is None else (self.curve.draft_ms or 0.0)
+
+    def ingest_ms(self) -> float:
+        if self.ingest_per_token.value is not None:
+            return self.ingest_per_token.value
+        return 0.0 if self.curve is None else (self.curve.ingest_ms or 0.0)
+
+    def loop_ms(self) -> float:
+        return self.loop.value or 0.0

@@ -18,11 +18,14 @@ from typing import Callable
 
 import torch
 
+from hyflash.costs import StepTimes
 from hyflash.drafters.base import Draft, Drafter
 from hyflash.policy import SpeculationPolicy
 from hyflash.sampling import SamplingConfig, logits_to_probs, sample, verify_block
 from hyflash.targets import HFTarget
 from hyflash.tree import DraftTree, verify_tree
+
+_clock = time.perf_counter  # a module attribute, so tests can run the loop on a clock of their own
 
 
 @dataclass
@@ -40,6 +43,9 @@ class GenerationResult:
     total_time: float = 0.0
     draft_memory_bytes: int = 0  # at the end of generation (peak for every drafter we ship)
     policy: dict = field(default_factory=dict)  # which draft source was verified how often, draft lengths
+    # The best speed-up over plain steps the measured pass costs allow a drafter of the measured acceptance
+    # (policy.ceiling); None without a cost curve.
+    speedup_ceiling: float | None = None
 
     @property
     def tau(self) -> float:
@@ -163,15 +169,16 @@ def generate(
     max_new_tokens = min(max_new_tokens, target.max_context - len(prompt))
     result = GenerationResult(tokens=[], prompt_tokens=len(prompt))
 
-    start = time.perf_counter()
+    start = _clock()
     out = target.prefill(prompt, features=want_features, feature_free=not want_features)
+    recording = want_features  # the sequence may still be asked for features
     next_token = int(sample(logits_to_probs(out.logits[-1], sampling), generator))
     if drafter is not None:
         drafter.reset()
     if active is not None:
         active.ingest(prompt, out.features)
     del out  # the prompt's features (86 MB for 7.5k SmolLM2 positions in fp32) are not held through the generation
-    result.prefill_time = time.perf_counter() - start
+    result.prefill_time = _clock() - start
     committed = [next_token]
     if on_tokens:
         on_tokens([next_token])
@@ -182,28 +189,30 @@ def generate(
         context_room = target.max_context - target.cache_length - 1
         room = min(max_new_tokens - len(committed) - 1, context_room)
         position = target.cache_length  # where next_token sits
-        t0 = time.perf_counter()
+        t0 = _clock()
         plan = None  # a chain Draft, a DraftTree, or None (a plain step)
         # Once the expensive drafter has not paid this generation, its cheap part (if any) drafts on, and the
-        # target stops computing features nobody reads.
+        # target stops computing features nobody reads (and, on llama.cpp, moves to its context without them).
         active, want_features = _drafting(drafter, policy)
-        if active is not None and room > 0:
+        if recording and not want_features:
+            target.drop_features()
+            recording = False
+        if active is not None and room > 0 and policy.drafting():
             k_max = min(active.block_size - 1, room)
             candidates = active.propose(next_token, k_max, sampling, generator, expensive=policy.wants_draft())
             plan = policy.plan(candidates, position)
             if isinstance(plan, DraftTree):
                 plan = plan.first(context_room)
-        t1 = time.perf_counter()
+        t1 = _clock()
 
         block, scored, accepted, kept, next_token = _verify(target, next_token, plan, sampling, generator, want_features)
         target.keep(position, kept)  # the cache keeps the root and the accepted path only
         n_accepted = len(accepted)
-        policy.observe(plan, n_accepted)
-        t2 = time.perf_counter()
+        t2 = _clock()
         if active is not None:
             verified_features = None if scored.features is None else scored.features[kept]
             active.ingest(block[kept], verified_features)
-        t3 = time.perf_counter()
+        t3 = _clock()
 
         new = accepted + [next_token]
         if stop_at_eos:
@@ -220,14 +229,18 @@ def generate(
         if active is not None:  # a plain step drafts nothing: its bookkeeping is not draft time
             result.draft_time += (t1 - t0) + (t3 - t2)
         result.verify_time += t2 - t1
+        # The policy corrects its costs by what this step took, and its guard judges whether speculating pays.
+        times = StepTimes(1000 * (t1 - t0), 1000 * (t2 - t1), 1000 * (t3 - t2), 1000 * (_clock() - t0))
+        policy.observe(plan, n_accepted, position, times)
         if on_tokens:
             on_tokens(new)
 
-    result.total_time = time.perf_counter() - start
+    result.total_time = _clock() - start
     result.tokens = committed
     if drafter is not None:
         result.draft_memory_bytes = drafter.memory_bytes()
         result.policy = policy.stats()
+        result.speedup_ceiling = policy.ceiling(result.acceptance_by_position)
     if target.tokenizer is not None:
         result.text = target.decode(committed)
     return result

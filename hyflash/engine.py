@@ -58,13 +58,14 @@ def cost_curves(model: str, dtypes, log: Callable[[str], None] = _stderr, backen
 
 
 def choose(model: str, dtype: str, with_drafter: bool, block: int = 8, calibrated: bool = True,
-           log: Callable[[str], None] = _stderr) -> DtypeChoice:
-    """Resolve --dtype: 'auto' from the calibration, else as given (with its curve, for adaptive drafting)."""
+           log: Callable[[str], None] = _stderr, drafter: str = "default") -> DtypeChoice:
+    """Resolve --dtype: 'auto' from the calibration, else as given (with its curve, for adaptive drafting), each
+    curve measured with `drafter` (the one that will run)."""
     resolve_model_path(model)  # a bad model name fails here, before anything is measured
     if dtype != "auto":
-        curve = cost_curves(model, [dtype], log)[dtype] if calibrated and with_drafter else None
+        curve = cost_curves(model, [dtype], log, drafter=drafter)[dtype] if calibrated and with_drafter else None
         return DtypeChoice(dtype, "chosen explicitly", curve)
-    curves = cost_curves(model, AUTO_CANDIDATES, log)
+    curves = cost_curves(model, AUTO_CANDIDATES, log, drafter=drafter)
     best, why = choose_dtype(curves, with_drafter, block)
     return DtypeChoice(best, why, curves[best])
 
@@ -78,7 +79,7 @@ def prepare(model: str, dtype: str = "auto", backend: str = "transformers", draf
     check_options(backend, options)  # before a transformers calibration, not after
     if backend == "transformers":
         _refuse_bad_drafter_folder(drafter, model)
-        choice = choose(model, dtype, with_drafter, calibrated=calibrated, log=log)
+        choice = choose(model, dtype, with_drafter, calibrated=calibrated, log=log, drafter=drafter)
         return load_target(model, choice.dtype, backend), choice
     # Loaded first: it checks --dtype and the file, and calibration keys on the file and the target's settings.
     target = load_target(model, dtype, backend, record_features=registry.needs_features(drafter, model), **options)

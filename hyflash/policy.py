@@ -14,11 +14,23 @@ The decoding loop asks three things and stays the same whatever the answers:
                             (1 + sum_{j<=k} prod_{i<=j} a_i) / c(k + 1)
                         with a_i the calibrated probability that slot i is accepted once reached, and c(q)
                         the measured cost of a q-token target pass (costs.py). k = 0 is a plain step.
-  observe(draft, n)     the target accepted n of the k verified drafts: update the calibration
+  observe(draft, n, context, times)
+                        the target accepted n of the k verified drafts, at this context, in these measured
+                        times (costs.StepTimes): update the acceptance calibration, correct the cost curve online
+                        (costs.LiveCosts), and let the guard judge
+  drafting()            run the drafter at all this step? The guard: the committed tokens per ms of the
+                        generation's speculative steps (every cost included: drafting, features, ingest, the
+                        loop's own Python) against the rate of plain decoding at this context (calibrated, and
+                        corrected by the passes measured now). When speculation stops paying, plain steps
+                        follow, for 4, 8, 16 ... max_probe_gap steps between short probes, so a generation is
+                        never much slower than plain decoding, whatever the calibration said. A fall-back also
+                        retires the expensive drafter for the generation (a feature-reading drafter that misses
+                        features cannot resume): idle steps cost no drafting, no ingest and no features
 
 Lossless by construction: the choice depends only on the drafts' *distributions* (their per-slot maximum
-probability, never the probability of the token that was sampled) and on the past, so conditioned on the
-choice each draft token is still distributed as its q, and the rejection rule stays exact.
+probability, never the probability of the token that was sampled) and on the past (acceptance so far, and
+measured times), so conditioned on the choice each draft token is still distributed as its q, and the
+rejection rule stays exact.
 
 `choose_dtype` picks the target dtype with the best expected throughput from the calibrated curves.
 """
@@ -30,7 +42,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hyflash.costs import CostCurve
+from hyflash.costs import CostCurve, LiveCosts, StepTimes
 from hyflash.drafters.base import Draft
 from hyflash.tree import DraftTree, build_tree
 
@@ -55,6 +67,13 @@ class PolicyConfig:
     max_rest_runs: int = 8  # longest run of generations a retired drafter sits out before it is tried again
     prior_acceptance: float = 0.6  # per-slot acceptance assumed by choose_dtype before anything is observed
     tree: int = 0  # draft tree node budget: 0 = a chain; -1 = the best budget up to 15 from the cost curve
+    # The guard (needs a cost curve): judged after guard_after speculative steps, over a window that decays by
+    # guard_decay a step; probes of probe_steps speculative steps after 4, 8 ... max_probe_gap plain ones.
+    guard: bool = True
+    guard_after: int = 6
+    guard_decay: float = 0.85
+    probe_steps: int = 4
+    max_probe_gap: int = 64
 
     @classmethod
     def for_run(cls, adaptive: bool = True, tree: int = 0, keep_drafter: bool = False) -> "PolicyConfig":
@@ -106,9 +125,14 @@ class SpeculationPolicy:
 
     def __post_init__(self) -> None:
         self.calibrator = AcceptanceCalibrator(self.config.bins, self.config.prior_strength)
+        self.live = LiveCosts(self.curve)
+        self.guard = Guard(self.config) if self.config.guard and self.config.adaptive and self.curve else None
         self.skip = self.skip_left = self.misses_at_max = 0
         self.saved_ms, self.drafted = 0.0, False
         self.retired_at: int | None = None  # verification step at which the expensive drafter retired
+        self.retired_by_guard = False  # ...in a fall-back to plain steps (not held against it in later runs)
+        self.proposed: bool | None = None  # this step: None, the drafter did not run; else whether its expensive part did
+        self.context = 0  # the context of the last step observed
         self.steps = 0
         self.rest_runs = self.retired_runs = 0  # generations left to sit out; trial runs in a row that retired
         self.sources: Counter = Counter()  # steps whose verified draft came from each source
@@ -120,10 +144,18 @@ class SpeculationPolicy:
         self.lengths.clear()
         if self.steps and self.retired_at != 0:
             # The last generation tried the drafter from its start: back off over generations if it retired.
-            self.retired_runs = self.retired_runs + 1 if self.retired_at is not None else 0
+            # A guard's fall-back judged speculation as a whole at one context, not the drafter: it counts only
+            # where an idle drafter costs (as for retiring by back-off; on llama.cpp, where a generation that
+            # starts without it also runs without the eval callback), not where it may pay on the next prompt.
+            retired = self.retired_at is not None and (
+                not self.retired_by_guard or self.idle_drafter_share() >= self.config.retire_min_idle_share)
+            self.retired_runs = self.retired_runs + 1 if retired else 0
             self.rest_runs = min(2 ** (self.retired_runs - 1), self.config.max_rest_runs) if self.retired_runs else 0
         self.skip = self.skip_left = self.misses_at_max = self.steps = 0
-        self.retired_at = None
+        self.retired_at, self.retired_by_guard, self.proposed = None, False, None
+        self.live.reset()
+        if self.guard:
+            self.guard.reset()
         self.saved_ms, self.drafted = 0.0, False  # the ledger: expected ms saved by the expensive drafter
         if self.rest_runs:  # this generation starts without the expensive drafter
             self.rest_runs -= 1
@@ -138,18 +170,23 @@ class SpeculationPolicy:
         features and the drafter's ingest (0 if unmeasured)."""
         if self.curve is None:
             return 0.0
-        return (self.curve.feature_ms or 0.0) + (self.curve.ingest_ms or 0.0) * tokens
+        return (self.curve.feature_ms or 0.0) + self.live.ingest_ms() * tokens
 
     def idle_drafter_share(self) -> float:
         """What keeping a resting drafter costs per step, as a share of a one-token step (0 if unmeasured)."""
-        return 0.0 if self.curve is None else self.idle_ms() / self.curve.cost(1, self.curve.contexts[0])
+        return 0.0 if self.curve is None else self.idle_ms() / self.live.pass_ms(1, self.curve.contexts[0])
 
     def pass_cost(self, q: int, context: int) -> float:
-        return 1.0 if self.curve is None else self.curve.cost(q, context)
+        """c(q) at this context: calibrated, corrected by the passes this generation measured."""
+        return self.live.pass_ms(q, context)
 
     def draft_ms(self) -> float:
-        """The measured time of one expensive draft, in pass_cost's units (0 if unmeasured)."""
-        return 0.0 if self.curve is None else (self.curve.draft_ms or 0.0)
+        """The time of one expensive draft, in pass_cost's units: measured this generation, else calibrated."""
+        return self.live.draft_ms()
+
+    def drafting(self) -> bool:
+        """Whether the drafter runs at all this step (False: the guard has fallen back to plain steps)."""
+        return self.guard is None or self.guard.drafting()
 
     def wants_draft(self) -> bool:
         if self.skip_left > 0:
@@ -160,6 +197,7 @@ class SpeculationPolicy:
     def plan(self, candidates: list[Draft], context: int):
         """The draft to verify, cut to its best length (or a DraftTree, in tree mode); None (a plain step)
         when nothing pays."""
+        self.proposed = any(d.expensive for d in candidates)
         if self.config.tree and any(d.slot_probs is not None and len(d.tokens) for d in candidates):
             return self.plan_tree(candidates, context)
         if not self.config.adaptive:
@@ -266,22 +304,98 @@ class SpeculationPolicy:
         self.lengths[k] += 1
         return draft.truncated(k)
 
-    def observe(self, draft, n_accepted: int) -> None:
+    def observe(self, draft, n_accepted: int, context: int = 0, times: StepTimes | None = None) -> None:
         """Update the calibration (a tree counts as its source's chain reaching depth n_accepted: a slight
-        over-estimate, since a tree's alternatives make each depth likelier to be reached)."""
+        over-estimate, since a tree's alternatives make each depth likelier to be reached); with the step's
+        measured times, correct the cost curve and let the guard judge the step."""
         self.steps += 1
+        self.context = context
+        proposed, self.proposed = self.proposed, None
         if draft is not None and len(draft.tokens):
             self.calibrator.update(draft.source, draft.confidence_or_default(), n_accepted)
+        if times is not None:
+            q = 1 + (0 if draft is None else len(draft.tokens))
+            self.live.record(q, context, times, n_accepted + 1, proposed)
+            if self.guard and proposed is not None and times.total > 0 and self.guard.judge(n_accepted + 1, times.total,
+                                                                        self._plain_step_ms(context)):
+                if self.retired_at is None:  # idle steps must cost nothing: no drafting, ingest or features
+                    self.retired_at, self.retired_by_guard = self.steps, True
         if self.drafted and self.retired_at is None:
             self.saved_ms -= self.idle_ms(n_accepted + 1)
             if (self.config.retire_after and self.config.ledger_after and self.steps >= self.config.ledger_after
                     and self.saved_ms < 0):
                 self.retired_at = self.steps
 
+    def _plain_step_ms(self, context: int) -> float:
+        """A step of plain decoding here: its pass (calibrated feature-free, corrected online) and the loop."""
+        return self.live.plain_ms(context) + self.live.loop_ms()
+
+    def ceiling(self, acceptance: list[float]) -> float | None:
+        """The best speed-up over plain steps this machine allows a drafter accepted as measured (acceptance[j]:
+        the share of passes drafting slot j that accepted it) at the last context: max over k of expected
+        committed(k) * c(1) / c(k + 1), with this generation's corrected pass costs; drafting itself free.
+        None without a cost curve."""
+        if self.curve is None:
+            return None
+        c1, best, committed = self.pass_cost(1, self.context), 1.0, 1.0
+        for k, a in enumerate(acceptance[: self.curve.max_q - 1], start=1):
+            committed += a
+            best = max(best, committed * c1 / self.pass_cost(k + 1, self.context))
+        return best
+
     def stats(self) -> dict:
         return {"draft_sources": dict(self.sources), "draft_lengths": {int(k): v for k, v in sorted(self.lengths.items())},
                 "expensive_drafter_retired_at_step": self.retired_at,  # 0: sat out the whole generation
-                "expected_ms_saved_by_drafter": round(self.saved_ms, 2)}
+                "retired_by_guard": self.retired_by_guard,
+                "expected_ms_saved_by_drafter": round(self.saved_ms, 2),
+                "guard": None if self.guard is None else self.guard.stats()}
+
+
+class Guard:
+    """Never slower than plain decoding, by measurement: the committed tokens per ms of speculative steps (a
+    window that decays by guard_decay a step) against the rate of a plain step at this context. Below it, the
+    drafter sits out 4, 8, 16 ... max_probe_gap steps, then probes for probe_steps steps; a probe that pays
+    resumes speculation (and the next fall-back starts again from 4)."""
+
+    FIRST_GAP = 4
+
+    def __init__(self, config: PolicyConfig):
+        self.config = config
+        self.reset()
+
+    def reset(self) -> None:
+        self.tokens = self.ms = 0.0  # decayed sums over speculative steps since speculation (re)started
+        self.steps = 0  # speculative steps since then
+        self.gap = 0  # the last fall-back's length, in plain steps (0: none yet)
+        self.idle_left = 0
+        self.probing = False
+        self.fallbacks = self.idle_steps = 0
+
+    def drafting(self) -> bool:
+        if self.idle_left > 0:
+            self.idle_left -= 1
+            self.idle_steps += 1
+            if self.idle_left == 0:
+                self.probing, self.tokens, self.ms, self.steps = True, 0.0, 0.0, 0
+            return False
+        return True
+
+    def judge(self, committed: int, step_ms: float, plain_step_ms: float) -> bool:
+        """A speculative step committed `committed` tokens in step_ms. True when it falls back now."""
+        decay = self.config.guard_decay
+        self.tokens, self.ms, self.steps = self.tokens * decay + committed, self.ms * decay + step_ms, self.steps + 1
+        if self.steps < (self.config.probe_steps if self.probing else self.config.guard_after):
+            return False
+        if self.tokens / self.ms >= 1.0 / plain_step_ms:
+            if self.probing:  # the probe paid: speculation is back, and a later fall-back starts short again
+                self.probing, self.gap = False, 0
+            return False
+        self.gap = min(2 * self.gap if self.gap else self.FIRST_GAP, self.config.max_probe_gap)
+        self.idle_left, self.probing, self.fallbacks = self.gap, False, self.fallbacks + 1
+        return True
+
+    def stats(self) -> dict:
+        return {"fallbacks": self.fallbacks, "plain_steps": self.idle_steps}
 
 
 def expected_rate(curve: CostCurve, acceptance: float, block: int, with_drafter: bool, context: int = 256) -> tuple[float, int]:

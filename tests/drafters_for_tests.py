@@ -67,3 +67,10 @@ class RandomBlockDrafter(Drafter):
 
     def memory_bytes(self) -> int:
         return 0
+
+
+def tiny_drafter_folder(target, path, seed: int = 0):
+    """A small untrained drafter for `target`, saved to `path` (a real drafter folder; seed: its weights)."""
+    from test_drafter_model import make
+
+    return make(target, dtype=torch.float32, seed=seed).save_pretrained(path)

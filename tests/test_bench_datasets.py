@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hyflash.bench.datasets import LONG_PREFIX_TOKENS, SETS, heldout_stdlib_modules, load_set
+from hyflash.bench.datasets import LONG_PREFIX_TOKENS, SETS, SUITE_CONTEXTS, heldout_stdlib_modules, load_set
 from hyflash.errors import HyflashError
-from hyflash.corpora import split_of, stdlib_modules
+from hyflash.corpora import prose_prompts, split_of, stdlib_modules
 
 from bench_fixtures import word_target
 
@@ -18,7 +18,7 @@ def target():
     return word_target()
 
 
-@pytest.mark.parametrize("name", list(SETS))
+@pytest.mark.parametrize("name", [s for s in SETS if s != "never-slower"])
 def test_sets_are_deterministic_and_extend(target, name):
     three = load_set(name, target, 3, MAX_NEW)
     again = load_set(name, target, 3, MAX_NEW)
@@ -64,3 +64,18 @@ def test_chat_set_is_heldout_chat_prompts_that_complete_or_write_functions(targe
 def test_unknown_set_is_a_clear_error(target):
     with pytest.raises(HyflashError, match="unknown evaluation set"):
         load_set("nope", target, 1, MAX_NEW)
+
+
+def test_the_never_slower_suite_spans_contexts_and_kinds_from_held_out_sources(target):
+    suite = load_set("never-slower", target, 3, MAX_NEW)
+    assert suite == load_set("never-slower", target, 3, MAX_NEW)
+    kinds = [p.item_id.split(":")[0] for p in suite]
+    assert kinds.count("chat") == 2 and kinds.count("prose") == kinds.count("code") >= 1
+    long = [len(p.ids) for p in suite if not p.chat]
+    assert min(long) <= 128 and max(long) == min(SUITE_CONTEXTS[-1], target.max_context - MAX_NEW - 1)
+    # Code from packages whose code and docstrings training never read; prose from READMEs it never reads.
+    code = {p.source.split("/")[0] for p in suite if p.item_id.startswith("code")}
+    assert code and all(split_of(f"package:{name}") == "heldout" for name in code)
+    prose = {p.source for p in suite if p.item_id.startswith("prose")}
+    assert prose and not prose & {pr.module.split("/")[0].removeprefix("package:")
+                                  for pr in prose_prompts("train", per_package=1)}

@@ -251,6 +251,23 @@ def test_a_target_without_the_eval_callback_decodes_the_same_text(lcpp):
 
 
 @pytest.mark.slow
+def test_dropping_features_mid_sequence_moves_it_to_the_plain_context_bit_for_bit(lcpp):
+    """Issue 36: once the drafter that reads features retires (a guard's fall-back), the sequence moves to the
+    context without the eval callback; its later passes give plain decoding's logits exactly."""
+    ids = lcpp.encode_prompt(PROMPTS[0])
+    lcpp.prefill(ids, features=True)
+    lcpp.score(ids[-5:], features=True)
+    lcpp.rollback(len(ids) + 2)  # a rejected draft's cells are gone before the move
+    lcpp.drop_features()
+    assert lcpp._ctx is lcpp._plain_ctx and lcpp.cache_length == len(ids) + 2
+    moved = lcpp.score(ids[:4], features=False).logits
+    lcpp.prefill(ids + ids[-5:-3], features=False, feature_free=True)
+    assert torch.equal(moved, lcpp.score(ids[:4], features=False).logits)
+    with pytest.raises(HyflashError, match="feature_free"):
+        lcpp.score(ids[:1], features=True)
+
+
+@pytest.mark.slow
 def test_a_generation_without_features_runs_in_the_context_without_the_callback(lcpp):
     """A feature-recording target prefilled feature_free switches to its callback-free context: the same
     logits bit for bit, no features until a prefill that may ask for them."""

@@ -6,7 +6,8 @@ import json
 
 import pytest
 import torch
-from drafters_for_tests import RandomDrafter
+from drafters_for_tests import RandomDrafter, tiny_drafter_folder
+from fake_clock import CurveClock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -30,9 +31,12 @@ def draft(conf, source="drafter", expensive=True) -> Draft:
     return Draft(torch.arange(len(conf)), confidence=torch.tensor(conf), source=source, expensive=expensive)
 
 
-def test_cost_curve_interpolates_between_contexts_and_clamps():
+def test_cost_curve_interpolates_between_contexts_and_extrapolates_beyond():
     c = curve([[10, 20, 30], [30, 40, 50]], contexts=(100, 300))
-    assert c.cost(1, 50) == 10 and c.cost(1, 1000) == 30
+    # Below the first context: flat. Beyond the last: along the last segment (a pass reads the whole cache, so
+    # a 5k-token prompt costs more than the 1k the curve was measured at, never the same).
+    assert c.cost(1, 50) == 10 and c.cost(1, 1000) == pytest.approx(100)
+    assert curve([[10], [8]], contexts=(100, 300)).cost(1, 1000) == 8  # a falling tail is not extrapolated down
     assert c.cost(2, 200) == pytest.approx(30)
     assert c.cost(99, 100) == 30  # past the measured block: the largest q
     assert c.relative(100) == pytest.approx([1, 2, 3])
@@ -169,7 +173,9 @@ def test_measure_target_and_cache(llama_target, tmp_path, monkeypatch):
     again, measured_again = calibrate("tiny", "float32", drafter_spec=None, contexts=(8,), reps=1,
                                       target=llama_target)
     assert measured and not measured_again and again == first
-    assert first.feature_ms is not None  # measured (its value: test_calibration_reads_what_features_cost)
+    assert first.feature_ms is not None  # what recording features adds to a pass
+    assert first.plain_ms is not None and len(first.plain_ms) == len(first.contexts) and min(first.plain_ms) > 0
+    assert first.exactness is not None and first.exactness < 1e-4  # fp32: rounding only
     files = list((tmp_path / "calibration").glob("*.json"))
     assert len(files) == 1
     data = json.loads(files[0].read_text())["curve"]
@@ -200,6 +206,18 @@ def test_calibration_reads_what_features_cost(llama_target, tmp_path, monkeypatc
     assert measured and curve.feature_ms == pytest.approx(3.0, abs=1.0)
 
 
+def test_the_exactness_check_sees_a_multi_token_pass_that_differs(llama_target, monkeypatch):
+    """Issue 39 item 9: calibrate checks, for any file, whether a multi-token pass equals one-token passes."""
+    from hyflash.calibration import exactness_line, measure_exactness
+
+    score = llama_target.score
+    monkeypatch.setattr(llama_target, "score", lambda ids, features=True, tree=None: (
+        lambda out: out if len(ids) == 1 else type(out)(out.logits + 0.5, out.features))(score(ids, features)))
+    assert measure_exactness(llama_target, contexts=(16,)) == pytest.approx(0.5, abs=1e-4)
+    line = exactness_line(CostCurve("m", "Q4_K_M", [0], [[1.0]], exactness=0.5))
+    assert "not bit-identical" in line and "0.5" in line
+
+
 def test_a_machine_that_slows_while_measured_does_not_bend_the_cost_curve(monkeypatch):
     """A pass costs q units on a machine 1% slower with every pass: timed in rounds with c(1) between passes,
     c(8) / c(1) stays near 8 (timed q after q, c(1) early and c(8) late, it read ~9.5)."""
@@ -211,7 +229,7 @@ def test_a_machine_that_slows_while_measured_does_not_bend_the_cost_curve(monkey
         def __init__(self):
             self.now, self.passes = 0.0, 0
 
-        def prefill(self, ids, features=False):
+        def prefill(self, ids, features=False, feature_free=False):
             pass
 
         def score(self, ids, features=True):
@@ -338,7 +356,9 @@ def test_a_retired_drafter_stops_costing_features_and_output_stays_plain(llama_t
         asked.append(features), score(block, features=features, **kw))[1])
     trained = CostlyRandomDrafter(llama_target.vocab_size, block_size=4)
     drafter = HybridDrafter(trained, NgramDrafter(4)) if hybrid else trained
-    policy = SpeculationPolicy(curve([10, 20, 30, 40], ingest_ms=0.5), PolicyConfig(max_skip=2, retire_after=2))
+    costs = curve([10, 20, 30, 40], ingest_ms=0.5)
+    CurveClock(monkeypatch, llama_target, costs)  # passes take what the curve says: the ledger retires it, not the guard
+    policy = SpeculationPolicy(costs, PolicyConfig(max_skip=2, retire_after=2))
     out = generate(llama_target, prompt, drafter, max_new_tokens=60, policy=policy)
     assert out.tokens == plain.tokens
     retired = out.policy["expensive_drafter_retired_at_step"]
@@ -358,3 +378,42 @@ def test_verify_block_refuses_tensors_on_two_devices():
     with pytest.raises(ValueError, match="several devices"):
         verify_block(p, torch.zeros(1, dtype=torch.long, device="meta"), None, SamplingConfig(temperature=1.0),
                      torch.Generator())
+
+
+def test_the_calibration_cache_is_keyed_by_the_drafter_it_measured(llama_target, tmp_path, monkeypatch):
+    """Issue 39, item 2: a curve holds the drafter's step times (and pass costs with or without features)."""
+    import hyflash.calibration as calibration
+
+    monkeypatch.setenv("HYFLASH_CACHE", str(tmp_path))
+    monkeypatch.setattr(calibration, "measure_target", lambda target, contexts, **k: [[10.0, 12.0] for _ in contexts])
+    monkeypatch.setattr(calibration, "measure_plain", lambda target, contexts, **k: [9.0 for _ in contexts])
+    monkeypatch.setattr(calibration, "measure_feature_ms", lambda *a, **k: 0.5)
+    monkeypatch.setattr(calibration, "measure_drafter", lambda *a, **k: (3.0, 0.2))
+    folder = tiny_drafter_folder(llama_target, tmp_path / "drafter")
+
+    def curve_for(spec, force=False):
+        return calibrate("tiny", "float32", spec, contexts=(8,), reps=1, target=llama_target, use_cache=not force)
+
+    bare, _ = curve_for(None)
+    trained, measured = curve_for(str(folder))
+    assert bare.draft_ms is None and measured and trained.draft_ms == 3.0  # not the drafter-less curve
+    again, measured = curve_for(None, force=False)
+    assert not measured and again.draft_ms is None
+    curve_for(str(folder), force=True)  # a forced re-measure with the drafter...
+    assert curve_for(None)[0].draft_ms is None  # ...leaves the drafter-less curve as it was
+    tiny_drafter_folder(llama_target, folder, seed=1)  # retrained in place: another drafter, measured again
+    assert curve_for(str(folder))[1]
+
+
+def test_the_engine_calibrates_with_the_drafter_it_will_run(monkeypatch):
+    """Issue 39, item 2: on transformers the engine calibrated with "default" whatever --drafter said."""
+    from hyflash import engine
+
+    asked = []
+    monkeypatch.setattr(engine, "calibrate", lambda model, dtype, drafter, **k: (
+        asked.append(drafter), curve([10, 12]))[1:] + (False,))
+    monkeypatch.setattr(engine, "resolve_model_path", lambda model: model)
+    for spec in ("ngram", "none", "/some/folder"):
+        engine.choose("smollm2-135m", "float32", with_drafter=spec != "none", drafter=spec)
+        engine.choose("smollm2-135m", "auto", with_drafter=spec != "none", drafter=spec)
+    assert asked == ["ngram"] * 3 + ["none"] * 2 + ["/some/folder"] * 3

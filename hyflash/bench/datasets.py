@@ -11,6 +11,9 @@
               module (the held-out split has few modules of 8k+ tokens, too few for 12 prompts from file starts):
               every ctx set has the same cut points and continuations, so the sets differ only in context
               (issue 41: per-prompt pairs across sets and kinds)
+  never-slower  the "never slower than plain" suite (issue 36): prose (package READMEs) and code (sources of
+              the held-out split's third-party packages, whose code and docstrings training never read) at
+              ~128, 1.5k and 6k tokens of context, and two short chat requests (a function, a small class)
 
 Held-out = the training code's own split (`hyflash.corpora.split_of`, a stable hash of the module
 path), so the benchmark can never score memorised training code. HumanEval and package descriptions are
@@ -27,7 +30,15 @@ import hashlib
 from dataclasses import dataclass
 from typing import Callable
 
-from hyflash.corpora import build_prompts, humaneval_problems, package_descriptions, split_of, stdlib_modules, stdlib_root
+from hyflash.corpora import (
+    build_prompts,
+    heldout_package_sources,
+    humaneval_problems,
+    package_descriptions,
+    split_of,
+    stdlib_modules,
+    stdlib_root,
+)
 from hyflash.errors import HyflashError
 
 HUMANEVAL_TEMPLATE = "Complete the following Python function:\n```python\n{prompt}```"
@@ -187,6 +198,42 @@ def build_prose(target, n: int, max_new_tokens: int) -> list[BenchPrompt]:
     return out
 
 
+# ----- the never-slower suite ------------------------------------------------------------------------------
+SUITE_CONTEXTS = (128, 1536, 6144)  # prompt tokens of each prose and code prompt
+SUITE_CHAT = (
+    "Write a small Python class `RateLimiter` whose `allow()` method returns True at most n times per second.",
+    "Write a Python function that parses a duration like '1h30m' or '45s' into seconds.",
+)
+
+
+def _longest_first(texts: dict[str, str], target, tokens: int, exclude: set[str]) -> tuple[str, list[int]] | None:
+    """The first text (stable order) with at least `tokens` tokens that is not in `exclude`: its name and prefix."""
+    for name in stable_order(texts):
+        if name not in exclude:
+            ids = _raw_prefix(target, texts[name], tokens)
+            if ids is not None:
+                return name, ids
+    return None
+
+
+def build_never_slower(target, n: int, max_new_tokens: int) -> list[BenchPrompt]:
+    """One prose and one code prompt per SUITE_CONTEXTS length (each from another document), then the chat
+    requests; n caps the prompts per kind."""
+    out: list[BenchPrompt] = []
+    for kind, texts in (("prose", package_descriptions()), ("code", heldout_package_sources(min_chars=4000))):
+        used: set[str] = set()
+        for tokens in SUITE_CONTEXTS[:n]:
+            prefix = _fit(target, tokens, max_new_tokens)
+            found = _longest_first(texts, target, prefix + max_new_tokens, used)
+            if found:
+                used.add(found[0])
+                out.append(BenchPrompt("never-slower", f"{kind}:{found[0]}:{prefix}", found[0],
+                                       tuple(found[1][:prefix]), chat=False))
+    for i, text in enumerate(SUITE_CHAT[:n]):
+        out.append(BenchPrompt("never-slower", f"chat:{i}", "suite", tuple(target.encode_prompt(text)), chat=True))
+    return out
+
+
 SETS: dict[str, EvalSet] = {
     s.name: s
     for s in [
@@ -203,11 +250,14 @@ SETS: dict[str, EvalSet] = {
                     _build_cut(name))
             for name, tokens in CUT_CONTEXT_TOKENS.items()
         ],
+        EvalSet("never-slower", "prose, code and chat at 128 to 6k tokens of context, held out",
+                SUITE_CONTEXTS[-1], build_never_slower),
     ]
 }
 
-# What `hyflash bench` runs without --sets: every set but the ctx ones (they are for the kinds grid, issue 41).
-DEFAULT_SETS = tuple(name for name in SETS if name not in CUT_CONTEXT_TOKENS)
+# What `hyflash bench` runs without --sets: every set but the ctx ones (for the kinds grid, issue 41) and the
+# never-slower suite (its own command: experiments/never_slower/).
+DEFAULT_SETS = tuple(name for name in SETS if name not in CUT_CONTEXT_TOKENS and name != "never-slower")
 
 
 def load_set(name: str, target, n: int, max_new_tokens: int) -> list[BenchPrompt]:

@@ -55,6 +55,8 @@ class PromptRun:
     draft_memory_bytes: int = 0  # draft-side state at the end of generation
     draft_sources: dict = field(default_factory=dict)  # source -> passes that verified its draft (hybrid)
     drafter_retired_at: int | None = None  # pass at which the policy retired the trained drafter (0: from the start)
+    speedup_ceiling: float | None = None  # the best speed-up the measured costs and acceptance allow (policy.ceiling)
+    guard: dict | None = None  # the guard's fall-backs and plain steps (policy.Guard.stats)
     target_kv_bytes: int | None = None  # the target's own KV cache at the end (measured, for scale) ...
     target_kv_tokens: int | None = None  # ... holding this many tokens
     rss_bytes: int | None = None  # process RSS right after this run
@@ -144,6 +146,8 @@ class LoopMethod(Method):
             draft_memory_bytes=result.draft_memory_bytes,
             draft_sources=dict(result.policy.get("draft_sources", {})),
             drafter_retired_at=result.policy.get("expensive_drafter_retired_at_step"),
+            speedup_ceiling=result.speedup_ceiling,
+            guard=result.policy.get("guard"),
             target_kv_bytes=target.kv_bytes() if self.measure_target_kv else None,
             target_kv_tokens=target.cache_length if self.measure_target_kv else None,
             rss_bytes=rss,

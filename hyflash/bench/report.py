@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 
 from hyflash.bench.methods import PLAIN_METHODS
@@ -230,6 +231,35 @@ def write_report(results: dict, out_dir: str | Path) -> list[Path]:
         plot(results, out_dir / name)
         written.append(out_dir / name)
     return written
+
+
+def prompt_ratios(results: dict, method: str) -> list[dict]:
+    """Per (temperature, prompt): `method`'s decode speed over plain decoding's on the same prompt in the same run
+    (the never-slower suite's ratio), with its tau, ceiling (policy.ceiling), the guard's fall-backs and whether
+    the greedy text equals plain's."""
+    runs = {(r["temperature"], r["set"], r["item_id"], r["method"]): r for r in results["runs"]}
+    rows = []
+    for (temperature, set_name, item, name), r in runs.items():
+        plain = runs.get((temperature, set_name, item, PLAIN))
+        if name != method or plain is None or not r["decode_time"] or not plain["decode_time"]:
+            continue
+        speed = lambda run: run["new_tokens"] / run["decode_time"]  # noqa: E731
+        rows.append({"temperature": temperature, "set": set_name, "item_id": item, "kind": item.split(":")[0],
+                     "prompt_tokens": r["prompt_tokens"], "ratio": speed(r) / speed(plain), "tau": r["tau"],
+                     "speedup_ceiling": r.get("speedup_ceiling"), "fallbacks": (r.get("guard") or {}).get("fallbacks"),
+                     "identical_to_plain": r.get("identical_to_plain")})
+    return sorted(rows, key=lambda x: (x["temperature"], x["kind"], x["prompt_tokens"]))
+
+
+def ratio_summary(rows: list[dict]) -> dict:
+    """Minimum and median ratio over the rows, and the share of the ceiling's margin taken (median)."""
+    ratios = [r["ratio"] for r in rows]
+    shares = [(r["ratio"] - 1) / (r["speedup_ceiling"] - 1) for r in rows
+              if r["speedup_ceiling"] and r["speedup_ceiling"] > 1]
+    return {"prompts": len(rows), "min_ratio": min(ratios, default=None),
+            "median_ratio": statistics.median(ratios) if ratios else None,
+            "median_ceiling": statistics.median([r["speedup_ceiling"] for r in rows if r["speedup_ceiling"]] or [0])
+            or None, "median_ceiling_share": statistics.median(shares) if shares else None}
 
 
 def memory_table(results: dict) -> str:

@@ -138,6 +138,11 @@ def _sum_lists(lists: list[list[int]]) -> list[int]:
     return [sum(x[k] for x in lists if k < len(x)) for k in range(width)]
 
 
+def _mean(values: list) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
 def summarise(records: list[dict]) -> list[dict]:
     """One row per (temperature, set, method): pooled tau, tok/s, speed-ups from the same run."""
     groups: dict[tuple, list[dict]] = {}
@@ -165,6 +170,7 @@ def summarise(records: list[dict]) -> list[dict]:
             "target_kv_bytes": max(kv) if kv else None,
             "peak_rss_bytes": max(r["peak_rss_bytes"] for r in rs),
             "identical_to_plain": sum(bool(r.get("identical_to_plain")) for r in rs) if greedy else None,
+            "speedup_ceiling": _mean([r.get("speedup_ceiling") for r in rs]),
         })
     # Speed-ups: ratios of tok/s to baselines measured in this run, same set, same temperature; and to the
     # fastest plain decoding of the run (ours, Hugging Face's or llama.cpp's), the figure a user can quote.
@@ -175,6 +181,11 @@ def summarise(records: list[dict]) -> list[dict]:
             row[column] = row["tokens_per_second"] / base["tokens_per_second"] if base else None
         plains = [by_key[k] for k in ((row["temperature"], row["set"], m) for m in PLAIN_METHODS) if k in by_key]
         fastest = max(plains, key=lambda r: r["tokens_per_second"], default=None)
+        # How much of the machine's margin was taken: (speed-up - 1) / (ceiling - 1), the ceiling being the best
+        # speed-up the measured pass costs allow the drafter's measured acceptance (policy.ceiling).
+        ceiling = row["speedup_ceiling"]
+        row["ceiling_share"] = ((row["speedup"] - 1) / (ceiling - 1)
+                                if row["speedup"] is not None and ceiling and ceiling > 1 else None)
         row["fastest_plain"] = fastest["method"] if fastest else None
         row["speedup_vs_fastest_plain"] = row["tokens_per_second"] / fastest["tokens_per_second"] if fastest else None
     order = {m: i for i, m in enumerate(dict.fromkeys(r["method"] for r in records))}

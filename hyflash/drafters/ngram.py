@@ -26,10 +26,21 @@ class NgramDrafter(Drafter):
         self.reset()
 
     def reset(self) -> None:
-        self.history = torch.empty(0, dtype=torch.long)
+        self._history = torch.empty(0, dtype=torch.long)
+        self._pending: list[torch.Tensor] = []
 
     def ingest(self, tokens: torch.Tensor, features: torch.Tensor | None = None) -> None:
-        self.history = torch.cat([self.history, tokens.detach().to("cpu", torch.long).view(-1)])
+        # Kept aside until a draft reads them: while the policy has speculation sit out, ingesting costs a list
+        # append, not a copy of the whole history per step.
+        self._pending.append(tokens.detach().to("cpu", torch.long).view(-1))
+
+    @property
+    def history(self) -> torch.Tensor:
+        """Every ingested token, in order."""
+        if self._pending:
+            self._history = torch.cat([self._history, *self._pending])
+            self._pending = []
+        return self._history
 
     def draft(self, last_token: int, num_tokens: int, sampling: SamplingConfig, generator=None) -> Draft:
         seq = torch.cat([self.history, torch.tensor([last_token])])
@@ -42,4 +53,4 @@ class NgramDrafter(Drafter):
         return Draft(tokens=torch.empty(0, dtype=torch.long), source="ngram")
 
     def memory_bytes(self) -> int:
-        return self.history.numel() * self.history.element_size()
+        return sum(t.numel() * t.element_size() for t in [self._history, *self._pending])

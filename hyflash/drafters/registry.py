@@ -15,6 +15,7 @@ reading of each kind.
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from pathlib import Path
 
@@ -69,6 +70,22 @@ def needs_features(spec: str | None, model: str) -> bool:
     if spec == "default":
         return model in SHIPPED_DRAFTERS  # else build_drafter falls back to the n-gram drafter
     return is_folder(spec)
+
+
+def fingerprint(spec: str | None, model: str) -> str:
+    """What `spec` runs for `model`, as a short hash a measurement can be keyed by: "none", "ngram", or a
+    sha256 of the drafter folder's config and weights ("hybrid:" before it for default's pair). A retrained
+    drafter in the same folder is another drafter."""
+    if spec in (None, "none"):
+        return "none"
+    if spec == "ngram" or (spec == "default" and model not in SHIPPED_DRAFTERS):
+        return "ngram"
+    folder = Path(resolve_spec(spec, model))
+    digest = hashlib.sha256()
+    for file in [folder / CONFIG_FILE, *sorted(folder.glob("*.safetensors"))]:
+        digest.update(file.name.encode())
+        digest.update(file.read_bytes() if file.exists() else b"")
+    return ("hybrid:" if spec == "default" else "") + digest.hexdigest()[:20]
 
 
 def load_drafter(path, target, int8: bool | None = None) -> DrafterState:

@@ -242,6 +242,11 @@ class BaseTarget(ABC):
     def _keep_entries(self, start: int, kept: list[int]) -> None:
         raise HyflashError(f"the {type(self).__name__} backend cannot verify draft trees: use --tree 0")
 
+    def drop_features(self) -> None:
+        """No pass of this sequence will ask for features again: a backend whose passes cost more while it could
+        give them (llama.cpp's eval callback) stops paying for that. Nothing to do where features cost only
+        when asked for (transformers)."""
+
     @abstractmethod
     def rollback(self, length: int) -> None:
         """Keep only the first `length` cached tokens."""

@@ -1,0 +1,148 @@
+"""Never slower than plain decoding: the cost curve corrected online, and the guard that falls back to plain
+steps when speculation stops paying. Deterministic: the loop runs on a fake clock (fake_clock.CurveClock)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from drafters_for_tests import RandomDrafter
+from fake_clock import CurveClock
+
+from hyflash.costs import CostCurve, LiveCosts, StepTimes
+from hyflash.decoding import generate
+from hyflash.drafters.base import Draft
+from hyflash.drafters.oracle import TargetGreedyDrafter
+from hyflash.policy import Guard, PolicyConfig, SpeculationPolicy
+from hyflash.sampling import SamplingConfig
+
+
+def curve(costs, plain=None, contexts=(0,), draft_ms=None) -> CostCurve:
+    return CostCurve("m", "float32", list(contexts), [list(costs)], draft_ms, 0.0, {"cpu": "test"}, None,
+                     None if plain is None else [plain])
+
+
+# ----- the curve, corrected online ---------------------------------------------------------------------------
+def test_measured_passes_correct_their_own_bucket_and_plain_steps_are_never_inferred_from_longer_passes():
+    live = LiveCosts(curve([10, 12, 14, 16, 18, 20, 22, 24, 26], plain=9))
+    for _ in range(20):  # 4-token passes run at twice the calibrated cost (an EMA converges to it)
+        live.record(4, 0, StepTimes(draft=1, verify=32, ingest=0.5, total=34), tokens=3, proposed=True)
+    assert live.pass_ms(4, 0) == pytest.approx(32) and live.pass_ms(3, 0) == pytest.approx(28)  # its bucket
+    assert live.pass_ms(8, 0) == 24 and live.pass_ms(1, 0) == 10  # others stay as calibrated until measured
+    assert live.plain_ms(0) == 9  # a plain step is measured, not guessed from longer passes
+    assert live.loop_ms() == pytest.approx(0.5) and live.ingest_ms() == pytest.approx(0.5 / 3)
+    for _ in range(20):  # plain steps (the drafter did not run) measure plain decoding, and c(1) with it
+        live.record(1, 0, StepTimes(verify=13.5, total=13.5), tokens=1, proposed=None)
+    assert live.plain_ms(0) == pytest.approx(13.5) and live.pass_ms(1, 0) == pytest.approx(15)
+    live.reset()  # a new generation (another context): from the calibration again
+    assert live.pass_ms(4, 0) == 16 and live.plain_ms(0) == 9
+
+
+def test_the_drafters_own_time_is_measured_per_source_and_a_clock_that_did_not_tick_measures_nothing():
+    live = LiveCosts(curve([10, 12], plain=10, draft_ms=0.5))
+    assert live.draft_ms() == 0.5  # calibrated until measured
+    for _ in range(20):
+        live.record(2, 0, StepTimes(draft=6.0, verify=12, total=18), tokens=1, proposed=True)  # with the network
+        live.record(2, 0, StepTimes(draft=0.4, verify=12, total=12.4), tokens=1, proposed=False)  # n-gram only
+    assert live.draft_ms() == pytest.approx(5.6)
+    frozen = LiveCosts(curve([10, 12], plain=10, draft_ms=0.5))
+    frozen.record(2, 0, StepTimes(), tokens=1, proposed=True)
+    assert frozen.pass_ms(2, 0) == 12 and frozen.draft_ms() == 0.5 and frozen.ingest_ms() == 0.0
+
+
+# ----- the guard -----------------------------------------------------------------------------------------------
+def test_the_guard_falls_back_probes_after_doubling_gaps_and_resumes_when_a_probe_pays():
+    guard = Guard(PolicyConfig(guard_after=3, probe_steps=2, max_probe_gap=8))
+    plain_ms = 10.0  # one token per 10 ms
+    assert [guard.judge(1, 12.0, plain_ms) for _ in range(3)] == [False, False, True]  # judged from the 3rd step
+
+    def idle_steps() -> int:
+        n = 0
+        while not guard.drafting():
+            n += 1
+        return n
+
+    assert idle_steps() == 4
+    assert [guard.judge(1, 11.0, plain_ms) for _ in range(2)] == [False, True]  # a probe that does not pay
+    assert idle_steps() == 8
+    assert [guard.judge(1, 11.0, plain_ms) for _ in range(2)] == [False, True]
+    assert idle_steps() == 8  # capped at max_probe_gap
+    assert [guard.judge(3, 20.0, plain_ms) for _ in range(2)] == [False, False]  # it pays: speculation is back
+    assert guard.drafting() and not guard.probing
+    judged = 1
+    while not guard.judge(1, 30.0, plain_ms):  # slow steps again...
+        judged += 1
+    assert judged <= 3 and idle_steps() == 4  # ...and the next fall-back starts short
+    assert guard.stats() == {"fallbacks": 4, "plain_steps": 24}
+
+
+class SlowDrafter(RandomDrafter):
+    """Random drafts (nearly never accepted) from a network that takes `ms` of the fake clock per draft."""
+
+    def __init__(self, clock: CurveClock, ms: float, vocab_size: int):
+        super().__init__(vocab_size, block_size=4)
+        self.clock, self.ms = clock, ms
+
+    def draft(self, last_token, num_tokens, sampling, generator) -> Draft:
+        self.clock.advance(self.ms)
+        d = super().draft(last_token, num_tokens, sampling, generator)
+        d.expensive, d.confidence = True, torch.full((len(d.tokens),), 0.5)
+        return d
+
+
+def _timed(clock, target, drafter, policy, n=200, sampling=SamplingConfig()):
+    start = clock.now_ms
+    out = generate(target, list(range(3, 19)), drafter, max_new_tokens=n, policy=policy, sampling=sampling)
+    return out, clock.now_ms - start
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_a_drafter_that_costs_more_than_it_saves_stays_near_plain_speed_with_the_guard(llama_target, monkeypatch,
+                                                                                         temperature):
+    """A drafter kept on (--keep-drafter: the policy never retires it) whose drafts cost 1.5 plain steps: the
+    policy's back-off alone leaves it drafting every 9th step (16% slower than plain); the guard falls back."""
+    costs = curve([10, 11, 12, 13], plain=10)
+    clock = CurveClock(monkeypatch, llama_target, costs)
+    sampling = SamplingConfig(temperature=temperature)
+    plain, plain_ms = _timed(clock, llama_target, None, None, sampling=sampling)
+    asked = []
+    score = llama_target.score
+    monkeypatch.setattr(llama_target, "score", lambda block, features=True, **kw: (
+        asked.append(features), score(block, features=features, **kw))[1])
+    drafter = SlowDrafter(clock, 15.0, llama_target.vocab_size)
+    unguarded = SpeculationPolicy(costs, PolicyConfig(retire_after=0, guard=False))
+    out, unguarded_ms = _timed(clock, llama_target, drafter, unguarded, sampling=sampling)
+    assert unguarded_ms > 1.12 * plain_ms
+    asked.clear()
+    guarded = SpeculationPolicy(costs, PolicyConfig(retire_after=0))
+    out, guarded_ms = _timed(clock, llama_target, drafter, guarded, sampling=sampling)
+    assert guarded_ms < 1.05 * plain_ms
+    assert out.policy["retired_by_guard"] and out.policy["guard"]["fallbacks"] == 1
+    retired = out.policy["expensive_drafter_retired_at_step"]
+    assert retired <= 8 and not any(asked[retired:])  # idle steps ask the target for no features...
+    assert drafter.seen == 16 + retired  # ...and feed the drafter nothing (prompt + one token a step)
+    if temperature == 0:
+        assert out.tokens == plain.tokens
+
+
+def test_a_stale_curve_is_corrected_within_a_few_steps(llama_target, monkeypatch):
+    """The calibration says verifying 4 tokens costs one step; on this machine each extra token costs two more.
+    Even a drafter that is always right then loses (4 tokens in 7 steps' time): the corrected curve stops
+    verifying long drafts after a step or two, where the calibrated one verifies them all the way."""
+    stale = curve([10, 10, 10, 10], plain=10)
+    clock = CurveClock(monkeypatch, llama_target, stale, slowdown=lambda q: 1 + 2 * (q - 1))
+    plain, plain_ms = _timed(clock, llama_target, None, None)
+    oracle = TargetGreedyDrafter(llama_target.model, block_size=4)
+    out, ms = _timed(clock, llama_target, oracle, SpeculationPolicy(stale))
+    assert out.tokens == plain.tokens and ms < 1.05 * plain_ms
+    assert sum(v for k, v in out.policy["draft_lengths"].items() if k > 0) <= 3
+    frozen_ms = _timed(clock, llama_target, oracle, SpeculationPolicy(stale, PolicyConfig(guard=False)))[1]
+    monkeypatch.setattr("hyflash.costs.LiveCosts.record", lambda *a, **k: None)  # no online correction
+    uncorrected_ms = _timed(clock, llama_target, oracle, SpeculationPolicy(stale, PolicyConfig(guard=False)))[1]
+    assert frozen_ms < 1.05 * plain_ms < 1.5 * plain_ms < uncorrected_ms
+
+
+def test_the_ceiling_is_the_best_rate_the_measured_costs_allow():
+    policy = SpeculationPolicy(curve([10, 12, 14, 30]))
+    # Slots accepted 80%, 60%, 40% of the passes that drafted them: k = 2 commits 2.4 tokens in 1.4 steps.
+    assert policy.ceiling([0.8, 0.6, 0.4]) == pytest.approx(2.4 / 1.4)
+    assert policy.ceiling([0.0]) == 1.0 and SpeculationPolicy().ceiling([0.9]) is None
