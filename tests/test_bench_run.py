@@ -105,6 +105,20 @@ def test_speedup_is_a_ratio_within_one_run():
     assert by["llamacpp-plain"]["speedup_vs_fastest_plain"] == 1.0
     prose = {r["method"]: r for r in rows if r["set"] == "prose"}
     assert prose["ngram"]["fastest_plain"] == "plain" and prose["ngram"]["speedup_vs_fastest_plain"] == 2.0
+    assert by["ngram"]["speedup_vs_llamacpp_plain"] == pytest.approx(20 / 30)
+    assert prose["ngram"]["speedup_vs_llamacpp_plain"] is None  # no llama.cpp run on that set
+
+
+def test_greedy_runs_are_compared_with_each_reference_that_ran():
+    from hyflash.bench.run import compare_greedy, first_difference
+
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2  # a shorter text differs where it ends
+    out = compare_greedy([1, 2, 3], {"plain": [1, 2, 3], "llamacpp-plain": [1, 2, 4]})
+    assert out == {"identical_to_plain": True, "identical_to_llamacpp_plain": False,
+                   "first_difference_vs_llamacpp_plain": 2}
+    assert compare_greedy([1], {"plain": [1], "llamacpp-plain": None}) == {"identical_to_plain": True}
 
 
 def test_quick_mode_is_small_and_valid():

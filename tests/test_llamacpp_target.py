@@ -364,6 +364,9 @@ def test_bench_llama_cpp_peers_produce_rows(lcpp, tmp_path):
         assert rows[name]["new_tokens"] == 8 and rows[name]["tokens_per_second"] > 0
         assert rows[name]["identical_to_plain"] == 1, name
     assert rows["llamacpp-plain"]["tau"] == 1.0
+    # Every method against llama-cpp-python's own greedy text too (Q4_1: bit-identical multi-token passes).
+    assert all(r["identical_to_llamacpp_plain"] == 1 for r in rows.values())
+    assert rows["llamacpp-plain"]["speedup_vs_llamacpp_plain"] == 1.0
     fastest = rows["plain"]["fastest_plain"]
     assert fastest in ("plain", "llamacpp-plain") and rows[fastest]["speedup_vs_fastest_plain"] == 1.0
     assert rows["plain"]["speedup_vs_fastest_plain"] <= 1.0 and rows["llamacpp-plain"]["speedup_vs_fastest_plain"] <= 1.0

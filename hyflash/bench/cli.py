@@ -42,7 +42,8 @@ def add_cli(sub) -> None:
                    help=f"comma list from: {', '.join(BUILTIN_METHODS)} (llamacpp-*: llama-cpp-python's own loop on "
                         "the model's GGUF, skipped with a note without it; hf-*: transformers backend only)")
     p.add_argument("--drafter", action="append", default=[], metavar="NAME=PATH",
-                   help="a trained drafter folder (or 'default'); repeat for several")
+                   help="a trained drafter folder, 'default', or model:NAME|PATH (draft-model speculation with a "
+                        "smaller LM, e.g. draft-0.5b=model:qwen2.5-coder-0.5b); repeat for several")
     p.add_argument("--pld-tokens", type=int, default=10,
                    help="draft length of prompt lookup (HF prompt_lookup_num_tokens, llama.cpp num_pred_tokens)")
     p.add_argument("--ngram-block", type=int, default=8, help="block size of our n-gram drafter")

@@ -30,6 +30,7 @@ from hyflash.drafters import registry
 from hyflash.errors import HyflashError
 from hyflash.sampling import SamplingConfig
 from hyflash.targets import gguf_path
+from hyflash.targets.llamacpp_build import file_fingerprint
 
 try:  # current RSS; the peak comes from getrusage, which needs nothing installed
     import psutil
@@ -289,7 +290,7 @@ BUILTIN_METHODS = ("plain", "hf-plain", "hf-prompt-lookup", "llamacpp-plain", "l
 
 def build_methods(names, drafters: dict[str, str], target, pld_tokens: int = 10, ngram_block: int = 8,
                   make_policy: Callable[..., object] = lambda tree=0: None, trees=(0,)) -> list[Method]:
-    """Methods by name, then one LoopMethod per trained drafter (NAME -> folder or 'default'). 'default' is
+    """Methods by name, then one LoopMethod per drafter (NAME -> folder, 'default' or model:NAME|PATH). 'default' is
     what `generate --drafter default` runs: the shipped drafter with the n-gram lookup beside it (hybrid);
     a folder is that drafter alone. Each speculative method gets its own policy from make_policy.
 
@@ -327,7 +328,15 @@ def _load_drafter(spec: str, target):
 
 def drafter_identity(spec: str, target) -> dict:
     """Which drafter a result is about: its folder, configuration and a hash of its weights (a shipped
-    drafter is replaced when it is retrained, so the folder name alone does not say which one ran)."""
+    drafter is replaced when it is retrained, so the folder name alone does not say which one ran). A draft
+    model (model:NAME|PATH) is named by its file: the GGUF's fingerprint on llama.cpp."""
+    if spec.startswith(registry.DRAFT_MODEL_PREFIX):
+        name = spec.removeprefix(registry.DRAFT_MODEL_PREFIX)
+        out = {"spec": spec, "draft_model": name}
+        if target.backend == "llama.cpp":
+            path = gguf_path(name)
+            out.update(file=str(path), gguf=file_fingerprint(path))
+        return out
     folder = Path(_drafter_folder(spec, target))
     out: dict = {"spec": spec, "folder": str(folder)}
     if (folder / "config.json").exists():

@@ -14,7 +14,7 @@ import statistics
 from pathlib import Path
 
 from hyflash.bench.methods import PLAIN_METHODS
-from hyflash.bench.run import HF_PLD, PLAIN, _sum_lists
+from hyflash.bench.run import GREEDY_REFERENCES, HF_PLD, PLAIN, _sum_lists
 from hyflash.files import atomic_write_text
 
 CODE_SETS = ("code", "long-2k", "long-4k", "long-8k")  # one kind of text at growing context
@@ -35,6 +35,10 @@ def _num(x, fmt: str) -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
 
 
+def _num_of(count: int | None, total: int) -> str:
+    return "–" if count is None else f"{count}/{total}"
+
+
 def markdown_table(results: dict) -> str:
     rows = results["summary"]
     lines = []
@@ -43,22 +47,24 @@ def markdown_table(results: dict) -> str:
         lines += [
             f"### Temperature {temperature:g}" + (" (greedy)" if greedy else ""),
             "",
-            "| set | prompt tok | method | τ | tok/s | × plain | × HF plain | × HF prompt lookup | × fastest plain "
-            "| draft share | draft memory | accept@1..4 | drafts verified by source |" + (" = plain |" if greedy else ""),
-            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|" + ("---:|" if greedy else ""),
+            "| set | prompt tok | method | τ | tok/s | × plain | × HF plain | × HF prompt lookup | × llama.cpp plain "
+            "| × fastest plain | draft share | draft memory | accept@1..4 | drafts verified by source |"
+            + (" = plain | = llama.cpp |" if greedy else ""),
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|" + ("---:|---:|" if greedy else ""),
         ]
         for r in (r for r in rows if r["temperature"] == temperature):
             accept = " ".join(f"{a:.2f}" for a in r["acceptance_by_position"][:4]) or "–"
             cells = [
                 r["set"], f"{r['prompt_tokens_mean']:.0f}", r["method"], _num(r["tau"], ".2f"),
                 _num(r["tokens_per_second"], ".1f"), _num(r["speedup"], ".2f"), _num(r["speedup_vs_hf_plain"], ".2f"),
-                _num(r["speedup_vs_hf_pld"], ".2f"), _num(r.get("speedup_vs_fastest_plain"), ".2f"),
+                _num(r["speedup_vs_hf_pld"], ".2f"), _num(r.get("speedup_vs_llamacpp_plain"), ".2f"),
+                _num(r.get("speedup_vs_fastest_plain"), ".2f"),
                 _num(r["draft_share"], ".0%"),
                 human_bytes(r["draft_memory_bytes"]), accept,
                 ", ".join(f"{k} {v}" for k, v in sorted((r.get("draft_sources") or {}).items())) or "–",
             ]
             if greedy:
-                cells.append(f"{r['identical_to_plain']}/{r['prompts']}")
+                cells += [_num_of(r.get(field), r["prompts"]) for field in GREEDY_REFERENCES.values()]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
         lines += _fastest_plain_lines([r for r in rows if r["temperature"] == temperature])

@@ -49,7 +49,10 @@ from hyflash.policy import PolicyConfig, SpeculationPolicy
 from hyflash.sampling import SamplingConfig
 from hyflash.targets import check_tree
 
-PLAIN, HF_PLAIN, HF_PLD = "plain", "hf-plain", "hf-prompt-lookup"
+PLAIN, HF_PLAIN, HF_PLD, LLAMACPP_PLAIN = "plain", "hf-plain", "hf-prompt-lookup", "llamacpp-plain"
+# Greedy runs are checked token for token against these references: our plain loop, and llama-cpp-python's own
+# loop on the same GGUF (which multi-token passes of K-quant kernels may not reproduce bit for bit).
+GREEDY_REFERENCES = {PLAIN: "identical_to_plain", LLAMACPP_PLAIN: "identical_to_llamacpp_plain"}
 
 
 @dataclass
@@ -133,6 +136,26 @@ def _record(run: PromptRun, prompt, temperature: float, seed: int) -> dict:
     return out
 
 
+def first_difference(tokens: list[int], reference: list[int]) -> int | None:
+    """The first position where two token lists differ (a length difference counts), None if equal."""
+    for k, (a, b) in enumerate(zip(tokens, reference)):
+        if a != b:
+            return k
+    return None if len(tokens) == len(reference) else min(len(tokens), len(reference))
+
+
+def compare_greedy(tokens: list[int], references: dict[str, list[int] | None]) -> dict:
+    """A greedy run's equality with each reference that ran (GREEDY_REFERENCES), and where it first differs
+    from llama-cpp-python's own loop."""
+    out = {}
+    for ref, reference in references.items():
+        if reference is not None:
+            out[GREEDY_REFERENCES[ref]] = tokens == reference
+            if ref == LLAMACPP_PLAIN:
+                out["first_difference_vs_llamacpp_plain"] = first_difference(tokens, reference)
+    return out
+
+
 def _sum_lists(lists: list[list[int]]) -> list[int]:
     width = max((len(x) for x in lists), default=0)
     return [sum(x[k] for x in lists if k < len(x)) for k in range(width)]
@@ -169,14 +192,16 @@ def summarise(records: list[dict]) -> list[dict]:
             "draft_sources": dict(sum((Counter(r.get("draft_sources") or {}) for r in rs), Counter())),
             "target_kv_bytes": max(kv) if kv else None,
             "peak_rss_bytes": max(r["peak_rss_bytes"] for r in rs),
-            "identical_to_plain": sum(bool(r.get("identical_to_plain")) for r in rs) if greedy else None,
+            **{field: sum(bool(r.get(field)) for r in rs) if greedy and any(field in r for r in rs) else None
+               for field in GREEDY_REFERENCES.values()},
             "speedup_ceiling": _mean([r.get("speedup_ceiling") for r in rs]),
         })
     # Speed-ups: ratios of tok/s to baselines measured in this run, same set, same temperature; and to the
     # fastest plain decoding of the run (ours, Hugging Face's or llama.cpp's), the figure a user can quote.
     by_key = {(r["temperature"], r["set"], r["method"]): r for r in rows}
     for row in rows:
-        for baseline, column in ((PLAIN, "speedup"), (HF_PLAIN, "speedup_vs_hf_plain"), (HF_PLD, "speedup_vs_hf_pld")):
+        for baseline, column in ((PLAIN, "speedup"), (HF_PLAIN, "speedup_vs_hf_plain"), (HF_PLD, "speedup_vs_hf_pld"),
+                                 (LLAMACPP_PLAIN, "speedup_vs_llamacpp_plain")):
             base = by_key.get((row["temperature"], row["set"], baseline))
             row[column] = row["tokens_per_second"] / base["tokens_per_second"] if base else None
         plains = [by_key[k] for k in ((row["temperature"], row["set"], m) for m in PLAIN_METHODS) if k in by_key]
@@ -260,14 +285,15 @@ def run_bench(
                 order = [m for m in methods[i % len(methods):] + methods[: i % len(methods)]
                          if (*key, m.name) not in kept_records]
                 runs = {m.name: m.run(target, list(prompt.ids), config.max_new_tokens, sampling, seed) for m in order}
-                plain = runs[PLAIN].tokens if PLAIN in runs else kept_records.get((*key, PLAIN), {}).get("tokens")
+                references = {ref: runs[ref].tokens if ref in runs else kept_records.get((*key, ref), {}).get("tokens")
+                              for ref in GREEDY_REFERENCES}
                 for m in methods:  # records in the configured order, whatever order they ran in
                     if m.name not in runs:
                         results["runs"].append(kept_records[(*key, m.name)])
                         continue
                     record = _record(runs[m.name], prompt, temperature, seed)
-                    if sampling.greedy and plain is not None:
-                        record["identical_to_plain"] = runs[m.name].tokens == plain
+                    if sampling.greedy:
+                        record.update(compare_greedy(runs[m.name].tokens, references))
                     results["runs"].append(record)
                 if runs:
                     log(_progress_line(set_name, prompt, temperature, runs))
