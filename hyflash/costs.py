@@ -107,6 +107,10 @@ class LiveCosts:
 
     def __init__(self, curve: CostCurve | None, alpha: float = 0.25):
         self.curve, self.alpha = curve, alpha
+        # Whether passes record features now. A curve timed with features (for a drafter that reads them) costs
+        # a pass without them (its drafter retired: the n-gram lookup drafts on, on llama.cpp in the context
+        # without the eval callback) c(q) less what features added to c(1) over a plain step.
+        self.features = True
         self.reset()
 
     def reset(self) -> None:
@@ -124,8 +128,14 @@ class LiveCosts:
         candidates = (self.factor[_bucket(q)].value,) + ((self.plain_factor.value,) if q == 1 else ())
         return next((f for f in candidates if f is not None), 1.0)
 
+    def _calibrated(self, q: int, context: int) -> float:
+        cost = self.curve.cost(q, context)
+        if self.features:
+            return cost
+        return max(cost - max(0.0, self.curve.cost(1, context) - self.curve.plain(context)), 1e-6)
+
     def pass_ms(self, q: int, context: int) -> float:
-        return 1.0 if self.curve is None else self.curve.cost(q, context) * self._factor(q)
+        return 1.0 if self.curve is None else self._calibrated(q, context) * self._factor(q)
 
     def plain_ms(self, context: int) -> float:
         """A plain decoding step's pass (feature-free): corrected by the plain passes measured, else by the
@@ -145,7 +155,7 @@ class LiveCosts:
         if proposed is None:
             self.plain_factor.add(times.verify / self.curve.plain(context))
         else:
-            self.factor[_bucket(q)].add(times.verify / self.curve.cost(q, context))
+            self.factor[_bucket(q)].add(times.verify / self._calibrated(q, context))
         if proposed is not None:  # (zero readings, here too, are a clock that did not tick: no information)
             if times.draft > 0:
                 self.propose[proposed].add(times.draft)

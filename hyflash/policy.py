@@ -133,13 +133,16 @@ class SpeculationPolicy:
         self.retired_by_guard = False  # ...in a fall-back to plain steps (not held against it in later runs)
         self.proposed: bool | None = None  # this step: None, the drafter did not run; else whether its expensive part did
         self.context = 0  # the context of the last step observed
+        self.reads_features = True  # the drafter reads the target's features (start_run says)
         self.steps = 0
         self.rest_runs = self.retired_runs = 0  # generations left to sit out; trial runs in a row that retired
         self.sources: Counter = Counter()  # steps whose verified draft came from each source
         self.lengths: Counter = Counter()  # verified draft length k -> steps
 
-    def start_run(self) -> None:
-        """A new generation: per-run statistics restart; what was learned about acceptance is kept."""
+    def start_run(self, reads_features: bool = True) -> None:
+        """A new generation: per-run statistics restart; what was learned about acceptance is kept.
+        reads_features: the drafter reads the target's features (until its expensive part retires)."""
+        self.reads_features = reads_features
         self.sources.clear()
         self.lengths.clear()
         if self.steps and self.retired_at != 0:
@@ -178,6 +181,7 @@ class SpeculationPolicy:
 
     def pass_cost(self, q: int, context: int) -> float:
         """c(q) at this context: calibrated, corrected by the passes this generation measured."""
+        self.live.features = self.reads_features and self.retired_at is None  # (see LiveCosts.features)
         return self.live.pass_ms(q, context)
 
     def draft_ms(self) -> float:
@@ -315,6 +319,7 @@ class SpeculationPolicy:
             self.calibrator.update(draft.source, draft.confidence_or_default(), n_accepted)
         if times is not None:
             q = 1 + (0 if draft is None else len(draft.tokens))
+            self.live.features = self.reads_features and self.retired_at is None  # (see LiveCosts.features)
             self.live.record(q, context, times, n_accepted + 1, proposed)
             if self.guard and proposed is not None and times.total > 0 and self.guard.judge(n_accepted + 1, times.total,
                                                                         self._plain_step_ms(context)):

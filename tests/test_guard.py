@@ -146,3 +146,19 @@ def test_the_ceiling_is_the_best_rate_the_measured_costs_allow():
     # Slots accepted 80%, 60%, 40% of the passes that drafted them: k = 2 commits 2.4 tokens in 1.4 steps.
     assert policy.ceiling([0.8, 0.6, 0.4]) == pytest.approx(2.4 / 1.4)
     assert policy.ceiling([0.0]) == 1.0 and SpeculationPolicy().ceiling([0.9]) is None
+
+
+def test_once_the_feature_reading_drafter_retires_passes_are_costed_without_features():
+    """A curve timed with features (c(1) 12 ms where a plain step is 10) costs the n-gram lookup's passes after
+    the drafter retired at what features no longer add: 2 ms less each."""
+    live = LiveCosts(curve([12, 16, 20], plain=10))
+    assert live.pass_ms(3, 0) == 20
+    live.features = False
+    assert live.pass_ms(1, 0) == 10 and live.pass_ms(3, 0) == 18
+    policy = SpeculationPolicy(curve([12, 16, 20], plain=10))
+    policy.start_run(reads_features=True)
+    assert policy.pass_cost(3, 0) == 20
+    policy.retired_at = 5
+    assert policy.pass_cost(3, 0) == 18
+    policy.start_run(reads_features=False)  # an n-gram lookup alone on a curve timed with features
+    assert policy.pass_cost(2, 0) == 14
