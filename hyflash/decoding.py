@@ -170,14 +170,16 @@ def generate(
     result = GenerationResult(tokens=[], prompt_tokens=len(prompt))
 
     start = _clock()
-    out = target.prefill(prompt, features=want_features, feature_free=not want_features)
-    recording = want_features  # the sequence may still be asked for features
-    next_token = int(sample(logits_to_probs(out.logits[-1], sampling), generator))
     if drafter is not None:
         drafter.reset()
-    if active is not None:
-        active.ingest(prompt, out.features)
-    del out  # the prompt's features (86 MB for 7.5k SmolLM2 positions in fp32) are not held through the generation
+    if want_features:  # the drafter takes the prompt in piece by piece: its features are never all held at once
+        out = target.prefill(prompt, on_features=active.ingest)
+    else:
+        out = target.prefill(prompt, features=False, feature_free=True)
+        if active is not None:
+            active.ingest(prompt, None)
+    recording = want_features  # the sequence may still be asked for features
+    next_token = int(sample(logits_to_probs(out.logits[-1], sampling), generator))
     result.prefill_time = _clock() - start
     committed = [next_token]
     if on_tokens:

@@ -81,6 +81,36 @@ def test_the_prompts_features_are_freed_once_the_drafter_has_them(llama_target):
     assert drafter.alive_while_drafting and not any(drafter.alive_while_drafting)
 
 
+def test_the_drafter_takes_the_prompt_in_as_the_prefill_runs_it(llama_target, monkeypatch):
+    """The decoding loop hands each prefill chunk's features to the drafter as the chunk is run, so the prompt's
+    features are never all held at once (at 7.5k SmolLM2 positions in fp32 they were 86 MB of the peak); the
+    pieces are the prompt's tokens and features, in order."""
+    from drafters_for_tests import RandomBlockDrafter
+
+    from hyflash.decoding import generate
+
+    prompt = torch.arange(3, 40)
+    whole = llama_target.prefill(prompt).features
+    events: list[str] = []
+    prefill, forward = llama_target.prefill, llama_target._forward
+    monkeypatch.setattr(llama_target, "prefill", lambda *a, **k: prefill(*a, chunk=8, **k))
+    monkeypatch.setattr(llama_target, "_forward", lambda *a, **k: (events.append("pass"), forward(*a, **k))[1])
+
+    class Recording(RandomBlockDrafter):
+        def ingest(self, tokens, features):
+            if sum(len(t) for t, _ in pieces) < len(prompt):
+                pieces.append((tokens.clone(), features.clone()))
+                events.append("ingest")
+            super().ingest(tokens, features)
+
+    pieces: list[tuple[torch.Tensor, torch.Tensor]] = []
+    generate(llama_target, prompt.tolist(), Recording(llama_target.vocab_size, 4, seed=0), max_new_tokens=3)
+    assert events[:10] == ["pass", "ingest"] * 5  # 37 tokens in chunks of 8, each ingested before the next runs
+    assert [len(t) for t, _ in pieces] == [8, 8, 8, 8, 5]
+    assert torch.equal(torch.cat([t for t, _ in pieces]), prompt)
+    torch.testing.assert_close(torch.cat([f for _, f in pieces]), whole, atol=1e-5, rtol=1e-5)
+
+
 def test_prefill_maps_large_blocks_and_gives_the_heap_back_after(llama_target, monkeypatch):
     """The chunked prefill's growing key/value blocks are served by memory maps (freed blocks go back to the
     system instead of staying resident as heap holes); decoding afterwards gets heap blocks again."""

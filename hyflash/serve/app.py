@@ -176,8 +176,13 @@ def create_app(worker: EngineWorker, config: ServeConfig, metrics: ServerMetrics
         await _wait_until_started(job)
         head = {"id": shape.id_prefix + secrets.token_hex(12), "created": int(time.time()), "model": config.model_name}
         if body.stream:
+            # The response starts with the first text, not before: work on this side during the prefill takes a
+            # core from the engine on a small machine (and an engine failure then still gets its HTTP status).
+            first = await _first_event(job)
+            if isinstance(first, Failed):
+                raise _failure(first)
             metrics.request(request.url.path, 200)
-            return StreamingResponse(_stream(job, head, shape), media_type="text/event-stream",
+            return StreamingResponse(_stream(job, head, shape, first), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         summary = await _collect(request, job)
         return answer(request, 200, {**head, "object": shape.object,
@@ -199,6 +204,13 @@ def create_app(worker: EngineWorker, config: ServeConfig, metrics: ServerMetrics
             raise _failure(event)
         assert isinstance(event, Started), event
 
+    async def _first_event(job: Job):
+        try:
+            return await job.events.get()
+        except asyncio.CancelledError:
+            job.cancel()
+            raise
+
     async def _collect(request: Request, job: Job) -> Summary:
         """The finished generation; cancels it if the client disconnects while waiting."""
         try:
@@ -218,13 +230,13 @@ def create_app(worker: EngineWorker, config: ServeConfig, metrics: ServerMetrics
             job.cancel()
             raise
 
-    async def _stream(job: Job, head: dict, shape: _Shape):
+    async def _stream(job: Job, head: dict, shape: _Shape, first):
         chunk = {**head, "object": shape.chunk_object}
         try:
             if shape.chat:
                 yield _sse({**chunk, "choices": [shape.chunk_choice("", first=True)]})
+            event = first
             while True:
-                event = await job.events.get()
                 if isinstance(event, Delta):
                     yield _sse({**chunk, "choices": [shape.chunk_choice(event.text)]})
                 elif isinstance(event, Done):
@@ -236,6 +248,7 @@ def create_app(worker: EngineWorker, config: ServeConfig, metrics: ServerMetrics
                 elif isinstance(event, Failed):
                     yield _sse(_failure(event).body())
                     break
+                event = await job.events.get()
             yield _sse("[DONE]")
         finally:
             job.cancel()  # a no-op once the generation has ended; otherwise the client is gone

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 
 from hyflash.flags import MODEL_HELP, add_engine_args, target_options
 from hyflash.errors import HyflashError
@@ -45,10 +47,40 @@ def cmd_serve(args) -> int:
                                                   target_options=target_options(args))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     metrics = ServerMetrics()
-    worker = EngineWorker(target, drafter, policy, on_finish=metrics.finished)
+    worker = EngineWorker(target, drafter, policy, on_finish=metrics.finished, in_thread=False)
     app = create_app(worker, ServeConfig(args.model, args.queue_timeout, choice.dtype), metrics)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
+                                           timeout_graceful_shutdown=SHUTDOWN_GRACE_S, log_level="info"))
     print(f"hyflash serve: {args.model} ({choice.dtype}, drafter {args.drafter}) on http://{args.host}:{args.port}/v1",
           file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
-                log_level="info")
+    return serve_on_main_thread(server, worker)
+
+
+def serve_on_main_thread(server, worker) -> int:
+    """HTTP in a second thread, the engine on this one (where torch decodes fastest; see serve/worker.py).
+
+    uvicorn installs signal handlers only on the main thread, so this thread routes SIGINT/SIGTERM to it: it
+    stops accepting, lets requests in flight finish (up to SHUTDOWN_GRACE_S), and its lifespan shutdown stops
+    the engine, which ends `worker.run`. If the HTTP thread ends for any other reason (the port is taken), the
+    engine is stopped too, so the process never outlives its server.
+    """
+
+    def serve_http() -> None:
+        try:
+            server.run()
+        finally:
+            worker.stop()
+
+    previous = {sig: signal.signal(sig, server.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+    http = threading.Thread(target=serve_http, name="hyflash-http", daemon=True)
+    try:
+        http.start()
+        worker.run()
+        http.join()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if not server.started:
+        raise HyflashError(f"the server did not start on {server.config.host}:{server.config.port} (see the log "
+                           f"above: a port in use? pick another with --port)")
     return 0

@@ -1,6 +1,10 @@
 """The engine side of the server: one thread owns the target and drafter and runs one generation at a time,
 taking requests in arrival order (FIFO).
 
+`hyflash serve` runs the engine on the process's main thread (`EngineWorker.run`) and uvicorn in a second
+thread: the same `generate` call decoded 20-25% slower in a worker thread than in the main thread on a 2-core
+CPU (experiments/serve_bench/where_time_goes.py). Tests may still run it in its own thread (`start`).
+
 The decode loop is `decoding.generate`, unchanged. Its `on_tokens` callback, called once per target pass with
 the tokens that pass committed, is where the server hooks in: it turns tokens into text deltas, watches for
 stop strings, and ends a generation early (a stop string found, a client gone, the server stopping) by
@@ -13,6 +17,7 @@ Jobs talk to the asyncio side through an asyncio.Queue of events (Started, Delta
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import queue
 import threading
@@ -178,21 +183,25 @@ class Job:
 
 
 class EngineWorker:
-    """A thread that owns target, drafter and policy and serves jobs one at a time, first come first served."""
+    """Owns target, drafter and policy and serves jobs one at a time, first come first served: in its own
+    thread (`in_thread=True`: `start` starts it) or in whichever thread calls `run` (it returns after `stop`)."""
 
-    def __init__(self, target, drafter=None, policy=None, on_finish: Callable[[str, Summary | None], None] | None = None):
+    def __init__(self, target, drafter=None, policy=None, on_finish: Callable[[str, Summary | None], None] | None = None,
+                 in_thread: bool = True):
         self.target, self.drafter, self.policy = target, drafter, policy
         self._on_finish = on_finish or (lambda reason, summary: None)
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._waiting = 0
         self._count_lock = threading.Lock()
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="hyflash-engine", daemon=True)
+        self._thread = threading.Thread(target=self.run, name="hyflash-engine", daemon=True) if in_thread else None
         self.busy = False
 
     # ----- the asyncio side ------------------------------------------------------------------------------
     def start(self) -> None:
-        self._thread.start()
+        """Start the engine thread; nothing to do when the caller runs the engine itself (`in_thread=False`)."""
+        if self._thread is not None:
+            self._thread.start()
 
     def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> Job:
         job = Job(request, loop)
@@ -220,7 +229,7 @@ class EngineWorker:
         """Cancel the running generation at its next pass, fail the queued ones, end the thread."""
         self._stopping.set()
         self._jobs.put(None)
-        if self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
     # ----- the engine thread ----------------------------------------------------------------------------
@@ -228,7 +237,8 @@ class EngineWorker:
         with self._count_lock:
             self._waiting -= 1
 
-    def _run(self) -> None:
+    def run(self) -> None:
+        """Serve jobs in the calling thread until `stop`."""
         while True:
             job = self._jobs.get()
             if job is None:
@@ -269,10 +279,12 @@ class EngineWorker:
             if text.stopped:
                 raise _EndGeneration("stop")
 
+        # Each request starts from the policy as loaded, as each `hyflash generate` does: what one request taught
+        # it must not change another's drafts (a seeded sample would then depend on the requests before it).
+        policy = copy.deepcopy(self.policy)
         try:
             result = generate(self.target, request.prompt_ids, self.drafter, max_new_tokens=request.max_tokens,
-                              sampling=request.sampling, seed=request.seed, on_tokens=on_tokens,
-                              policy=self.policy)
+                              sampling=request.sampling, seed=request.seed, on_tokens=on_tokens, policy=policy)
             ended_at_eos = bool(result.tokens) and result.tokens[-1] in self.target.eos_token_ids
             reason = "stop" if ended_at_eos else "length"
         except _EndGeneration as end:
@@ -294,7 +306,7 @@ class EngineWorker:
             text=text.text, prompt_tokens=len(request.prompt_ids), completion_tokens=progress.tokens,
             finish_reason=reason, tau=progress.tau, decode_tokens_per_second=progress.decode_rate,
             time_to_first_token=progress.first - started, queue_seconds=started - job.enqueued,
-            policy=self.policy.stats() if self.drafter is not None and self.policy is not None else {},
+            policy=policy.stats() if self.drafter is not None and policy is not None else {},
         )
         self._on_finish(reason, summary)
         job.emit(Done(summary))

@@ -253,26 +253,31 @@ class HFTarget(BaseTarget):
         return total
 
     @torch.inference_mode()
-    def prefill(self, ids, features: bool = True, feature_free: bool = False, chunk: int = PREFILL_CHUNK) -> TargetOutput:
+    def prefill(self, ids, features: bool = True, feature_free: bool = False, on_features=None,
+                chunk: int = PREFILL_CHUNK) -> TargetOutput:
         """Start a new sequence: reset the cache and run the prompt, `chunk` tokens per pass.
 
         Only the last position's logits are returned ([1, V]): nothing reads the others, and for a long prompt
         they would be most of the memory (7.5k positions x 49k vocabulary x 4 bytes = 1.5 GB for SmolLM2).
         Chunking bounds the activations of one pass whatever the prompt length; features cover every position,
         each chunk's copied into one tensor as it comes (gathering the chunks' and concatenating them would hold
-        the prompt's features twice: 2 x 86 MB for 7.5k SmolLM2 positions in fp32).
+        the prompt's features twice: 2 x 86 MB for 7.5k SmolLM2 positions in fp32), or handed to `on_features`
+        chunk by chunk and not returned (see BaseTarget.prefill).
         """
         self.reset()
         ids = torch.as_tensor(ids, dtype=torch.long, device=self.device)
         length = ids.shape[-1]
         self.check_prompt_length(length)
+        features = features or on_features is not None
         feats = None
-        if features:
+        if features and on_features is None:
             feats = torch.empty(length, len(self.feature_layers), self.hidden_size, dtype=self.dtype, device=self.device)
         with large_blocks_mapped():
             for i in range(0, length, chunk):
                 part = self._forward(ids[i : i + chunk], features, last_logits_only=True)
-                if features:
+                if on_features is not None:
+                    on_features(ids[i : i + chunk], part.features)
+                elif features:
                     feats[i : i + chunk] = part.features
         return TargetOutput(logits=part.logits, features=feats)
 

@@ -406,12 +406,14 @@ class LlamaCppTarget(BaseTarget):
             self._length = length
 
     @torch.inference_mode()
-    def prefill(self, ids, features: bool = True, feature_free: bool = False) -> TargetOutput:
+    def prefill(self, ids, features: bool = True, feature_free: bool = False, on_features=None) -> TargetOutput:
         """Start a new sequence: reset the cache, run the prompt BATCH tokens per llama_decode.
 
-        Only the last position's logits ([1, V]), as in the transformers backend; features of every position.
+        Only the last position's logits ([1, V]), as in the transformers backend; features of every position,
+        or each batch's handed to `on_features` (see BaseTarget.prefill).
         A feature_free sequence runs in the context without the eval callback (`_use_context`); asking it for
         features is refused by `_decode`."""
+        features = features or on_features is not None
         self._use_context(feature_free)
         self.reset()
         ids = [int(i) for i in torch.as_tensor(ids).view(-1).tolist()]
@@ -422,8 +424,11 @@ class LlamaCppTarget(BaseTarget):
             last = start + len(chunk) == len(ids)
             outputs = len(chunk) if features and self._all_outputs else int(last)
             logits, f = self._decode(chunk, outputs, features)
-            feats.append(f)
-        return TargetOutput(logits=logits[-1:], features=torch.cat(feats) if features else None)
+            if on_features is not None:
+                on_features(torch.tensor(chunk, dtype=torch.long), f)
+            else:
+                feats.append(f)
+        return TargetOutput(logits=logits[-1:], features=torch.cat(feats) if features and feats else None)
 
     @torch.inference_mode()
     def score(self, ids, features: bool = True, tree=None) -> TargetOutput:
