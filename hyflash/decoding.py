@@ -197,8 +197,9 @@ def generate(
         # target stops computing features nobody reads (and, on llama.cpp, moves to its context without them).
         active, want_features = _drafting(drafter, policy)
         if recording and not want_features:
-            target.drop_features()
             recording = False
+            if policy.worth_dropping_features(max_new_tokens - len(committed), target.drop_features_ms(), position):
+                target.drop_features()
         if active is not None and room > 0 and policy.drafting():
             k_max = min(active.block_size - 1, room)
             candidates = active.propose(next_token, k_max, sampling, generator, expensive=policy.wants_draft())

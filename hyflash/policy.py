@@ -331,6 +331,15 @@ class SpeculationPolicy:
                     and self.saved_ms < 0):
                 self.retired_at = self.steps
 
+    def worth_dropping_features(self, steps_left: int, move_ms: float, context: int) -> bool:
+        """Whether moving a sequence off the target's feature machinery (move_ms: llama.cpp copies its cache to
+        the context without the eval callback) pays back over the steps left: each step there saves c(1) as
+        timed with features, less what recording them added, over a plain step (calibrated)."""
+        if move_ms <= 0 or self.curve is None:
+            return move_ms <= 0
+        saving = self.curve.cost(1, context) - (self.curve.feature_ms or 0.0) - self.curve.plain(context)
+        return steps_left * saving > move_ms
+
     def _plain_step_ms(self, context: int) -> float:
         """A step of plain decoding here: its pass (calibrated feature-free, corrected online) and the loop."""
         return self.live.plain_ms(context) + self.live.loop_ms()

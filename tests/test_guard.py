@@ -162,3 +162,10 @@ def test_once_the_feature_reading_drafter_retires_passes_are_costed_without_feat
     assert policy.pass_cost(3, 0) == 18
     policy.start_run(reads_features=False)  # an n-gram lookup alone on a curve timed with features
     assert policy.pass_cost(2, 0) == 14
+
+
+def test_a_sequence_leaves_the_feature_machinery_only_where_the_steps_left_pay_for_the_move():
+    policy = SpeculationPolicy(CostCurve("m", "Q4_1", [0], [[9.5, 15.0]], feature_ms=0.8, plain_ms=[8.2]))
+    # Each step saves 9.5 - 0.8 - 8.2 = 0.5 ms without the eval callback: 90 steps pay a 20 ms move, not 300.
+    assert policy.worth_dropping_features(90, 20.0, 0) and not policy.worth_dropping_features(90, 300.0, 0)
+    assert policy.worth_dropping_features(1, 0.0, 0)  # nothing to move (transformers): always

@@ -250,6 +250,10 @@ class BaseTarget(ABC):
         give them (llama.cpp's eval callback) stops paying for that. Nothing to do where features cost only
         when asked for (transformers)."""
 
+    def drop_features_ms(self) -> float:
+        """What drop_features would cost now, in ms (0: nothing to do)."""
+        return 0.0
+
     @abstractmethod
     def rollback(self, length: int) -> None:
         """Keep only the first `length` cached tokens."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -248,6 +249,7 @@ class LlamaCppTarget(BaseTarget):
         self._junk = 0  # cells of rejected tree nodes still held (in JUNK_SEQ)
         self._tree: _TreeBlock | None = None  # the last scored tree block, until keep() resolves it
         self._weights: dict[str, torch.Tensor] = {}
+        self._move_bytes_per_ms = 1e6  # a cache move's speed (drop_features_ms) until one is timed: 1 GB/s
         self._embed_scale = math.sqrt(self.hidden_size) if self.architecture.startswith("gemma") else 1.0
 
     @classmethod
@@ -489,14 +491,21 @@ class LlamaCppTarget(BaseTarget):
 
     def drop_features(self) -> None:
         """No pass of this sequence will ask for features again (the drafter that read them retired): move it
-        into the context without the eval callback, whose passes cost what plain decoding's do (~8% less a step
-        on SmolLM2 Q4_1). Its cache is copied there as `_make_room` compacts one, so later passes stay exact."""
+        into the context without the eval callback, whose passes cost what plain decoding's do (0.3-1 ms less a
+        step on SmolLM2 Q4_1). Its cache is copied there as `_make_room` compacts one, so later passes stay exact."""
         if self._ctx is self._feature_ctx and self._tree is None:
-            self._move_sequence(self._plain_context())
+            start = time.perf_counter()
+            size = self._move_sequence(self._plain_context())
+            self._move_bytes_per_ms = size / max(1e-3, 1000 * (time.perf_counter() - start))
 
-    def _move_sequence(self, ctx) -> None:
+    def drop_features_ms(self) -> float:
+        """What drop_features would take now: the sequence's bytes at the speed the last move ran (a long
+        context's cache is ~100 MB, more than the callback costs over a hundred steps)."""
+        return self.kv_bytes() / self._move_bytes_per_ms if self._ctx is self._feature_ctx else 0.0
+
+    def _move_sequence(self, ctx) -> int:
         """Save sequence 0's cells, clear `ctx`'s cache and restore them there (contiguous, in order); `ctx`
-        becomes the context in use (it may be the current one: then this compacts it)."""
+        becomes the context in use (it may be the current one: then this compacts it). Returns the bytes moved."""
         size = llama_cpp.llama_state_seq_get_size(self._ctx, 0)
         buf = (ctypes.c_uint8 * size)()
         written = llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, 0)
@@ -505,6 +514,7 @@ class LlamaCppTarget(BaseTarget):
         if not written or llama_cpp.llama_state_seq_set_data(self._ctx, buf, written, 0) == 0:
             raise HyflashError(f"llama.cpp could not move {self.name}'s cache")
         self._junk = 0
+        return written
 
     def _decode(self, ids: list[int], outputs: int, features: bool,
                 tree: _TreeBlock | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
