@@ -184,6 +184,19 @@ class SpeculationPolicy:
         self.live.features = self.reads_features and self.retired_at is None  # (see LiveCosts.features)
         return self.live.pass_ms(q, context)
 
+    def _costs_at(self, context: int):
+        """pass_cost at this context as a function of q, each q computed once: a plan reads the same costs a dozen
+        times, which was half the Python time of a step that only looks up the n-gram on llama.cpp."""
+        self.live.features = self.reads_features and self.retired_at is None  # (see LiveCosts.features)
+        memo: dict[int, float] = {}
+
+        def cost(q: int) -> float:
+            if q not in memo:
+                memo[q] = self.live.pass_ms(q, context)
+            return memo[q]
+
+        return cost
+
     def draft_ms(self) -> float:
         """The time of one expensive draft, in pass_cost's units: measured this generation, else calibrated."""
         return self.live.draft_ms()
@@ -207,11 +220,12 @@ class SpeculationPolicy:
         if not self.config.adaptive:
             draft = next((d for d in candidates if len(d.tokens)), None)
             return None if draft is None else self._take(draft, len(draft.tokens))
-        best, best_k, best_rate = None, 0, 1.0 / self.pass_cost(1, context)
+        pass_cost = self._costs_at(context)
+        best, best_k, best_rate = None, 0, 1.0 / pass_cost(1)
         expensive_rate = 0.0  # the best rate an expensive draft gives once its drafting time is counted
         for draft in candidates:
             for k, gain in enumerate(self._gains(draft)[1:], start=1):
-                cost = self.pass_cost(k + 1, context)
+                cost = pass_cost(k + 1)
                 if gain / cost > best_rate:
                     best, best_k, best_rate = draft, k, gain / cost
                 if draft.expensive:
@@ -219,10 +233,10 @@ class SpeculationPolicy:
         # The draft is made, so the best one is verified; but it paid for itself only if it beats what the cheap
         # drafts offered by more than its own drafting time (else, on a steep curve, a hybrid's drafter keeps
         # drafting where the n-gram lookup alone would have been faster).
-        without = self._rate_without_expensive(candidates, context)
+        without = self._rate_without_expensive(candidates, pass_cost)
         self._back_off(candidates, paid=expensive_rate > without)
         if best is not None and best.expensive:
-            cost = self.pass_cost(best_k + 1, context)
+            cost = pass_cost(best_k + 1)
             self._account(candidates, best_rate * cost, cost, without)
         else:
             self._account(candidates, 0.0, 0.0, without)
@@ -239,6 +253,7 @@ class SpeculationPolicy:
         block = next(d for d in candidates if d.slot_probs is not None and len(d.tokens))
         chains = [d for d in candidates if d.slot_probs is None and len(d.tokens)]
         budget = self.config.tree if self.config.tree > 0 else 15
+        pass_cost = self._costs_at(context)
         tree = build_tree(block.slot_probs.float().cpu(), budget, None if block.vocab_ids is None else block.vocab_ids.cpu(),
                           chains=[c.tokens.tolist() for c in chains])
         conf = block.confidence_or_default()
@@ -259,9 +274,9 @@ class SpeculationPolicy:
         if self.config.tree > 0:
             n = len(tree)
         else:
-            n = max(range(len(tree) + 1), key=lambda m: (1 + cum[m]) / self.pass_cost(m + 1, context))
+            n = max(range(len(tree) + 1), key=lambda m: (1 + cum[m]) / pass_cost(m + 1))
         self.lengths[n] += 1
-        without, cost = self._rate_without_expensive(chains, context), self.pass_cost(n + 1, context)
+        without, cost = self._rate_without_expensive(chains, pass_cost), pass_cost(n + 1)
         self._back_off(candidates, paid=n > 0 and (1 + cum[n]) / (cost + self.draft_ms()) > without)
         self._account(candidates, 1 + cum[n] if n else 0.0, cost if n else 0.0, without)
         if n == 0:
@@ -274,13 +289,13 @@ class SpeculationPolicy:
         """Expected tokens committed when verifying the first k of this draft, k = 0..len (calibrated)."""
         return expected_committed(self.calibrator.estimate(draft.source, draft.confidence_or_default()))
 
-    def _rate_without_expensive(self, candidates: list[Draft], context: int) -> float:
+    def _rate_without_expensive(self, candidates: list[Draft], pass_cost) -> float:
         """Expected committed tokens per ms of the best plan that no expensive draft is part of: a plain step,
-        or a cheap draft (the n-gram lookup's) cut to its best length."""
-        rates = [1.0 / self.pass_cost(1, context)]
+        or a cheap draft (the n-gram lookup's) cut to its best length. pass_cost: `_costs_at(context)`."""
+        rates = [1.0 / pass_cost(1)]
         for draft in candidates:
             if not draft.expensive:
-                rates += [g / self.pass_cost(k + 1, context) for k, g in enumerate(self._gains(draft)[1:], start=1)]
+                rates += [g / pass_cost(k + 1) for k, g in enumerate(self._gains(draft)[1:], start=1)]
         return max(rates)
 
     def _account(self, candidates: list[Draft], gain: float, cost: float, without: float) -> None:
