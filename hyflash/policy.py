@@ -23,9 +23,11 @@ The decoding loop asks three things and stays the same whatever the answers:
                         loop's own Python) against the rate of plain decoding at this context (calibrated, and
                         corrected by the passes measured now). When speculation stops paying, plain steps
                         follow, for 4, 8, 16 ... max_probe_gap steps between short probes, so a generation is
-                        never much slower than plain decoding, whatever the calibration said. A fall-back also
-                        retires the expensive drafter for the generation (a feature-reading drafter that misses
-                        features cannot resume): idle steps cost no drafting, no ingest and no features
+                        never much slower than plain decoding, whatever the calibration said. Where feeding an
+                        idle drafter costs (its ingest and the target's features: llama.cpp), a fall-back also
+                        retires it for the generation (a feature-reading drafter that misses features cannot
+                        resume), so idle steps cost no drafting, no ingest and no features; where that is
+                        negligible (transformers) it stays fed and drafts again at the next probe
 
 Lossless by construction: the choice depends only on the drafts' *distributions* (their per-slot maximum
 probability, never the probability of the token that was sampled) and on the past (acceptance so far, and
@@ -146,12 +148,10 @@ class SpeculationPolicy:
         self.sources.clear()
         self.lengths.clear()
         if self.steps and self.retired_at != 0:
-            # The last generation tried the drafter from its start: back off over generations if it retired.
-            # A guard's fall-back judged speculation as a whole at one context, not the drafter: it counts only
-            # where an idle drafter costs (as for retiring by back-off; on llama.cpp, where a generation that
-            # starts without it also runs without the eval callback), not where it may pay on the next prompt.
-            retired = self.retired_at is not None and (
-                not self.retired_by_guard or self.idle_drafter_share() >= self.config.retire_min_idle_share)
+            # The last generation tried the drafter from its start: back off over generations if it retired
+            # (by back-off, ledger or the guard: each only where an idle drafter costs, as on llama.cpp, where a
+            # generation that starts without it also runs without the eval callback).
+            retired = self.retired_at is not None
             self.retired_runs = self.retired_runs + 1 if retired else 0
             self.rest_runs = min(2 ** (self.retired_runs - 1), self.config.max_rest_runs) if self.retired_runs else 0
         self.skip = self.skip_left = self.misses_at_max = self.steps = 0
@@ -338,7 +338,10 @@ class SpeculationPolicy:
             self.live.record(q, context, times, n_accepted + 1, proposed)
             if self.guard and proposed is not None and times.total > 0 and self.guard.judge(n_accepted + 1, times.total,
                                                                         self._plain_step_ms(context)):
-                if self.retired_at is None:  # idle steps must cost nothing: no drafting, ingest or features
+                # Idle steps must cost nothing: where keeping the drafter fed costs (its ingest and the target's
+                # features), it retires for the generation; where that is negligible (transformers), it keeps
+                # ingesting and drafts again at the next probe, where it may pay.
+                if self.retired_at is None and self.idle_drafter_share() >= self.config.retire_min_idle_share:
                     self.retired_at, self.retired_by_guard = self.steps, True
         if self.drafted and self.retired_at is None:
             self.saved_ms -= self.idle_ms(n_accepted + 1)
