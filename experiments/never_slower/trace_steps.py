@@ -52,10 +52,11 @@ def main() -> int:
     parser.add_argument("prompts", nargs="+", help="item ids of the never-slower set, e.g. chat:0")
     parser.add_argument("--backend", default="llama.cpp")
     parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--dtype", default="auto", help="float32 for the suite's transformers runs")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     args = parser.parse_args()
     set_torch_threads()
-    target, drafter, _, choice = engine.load(args.model, "auto", "default", backend=args.backend)
+    target, drafter, _, choice = engine.load(args.model, args.dtype, "default", backend=args.backend)
     items = {item.item_id: item for item in load_set("never-slower", target, 3, args.max_new_tokens)}
     missing = [p for p in args.prompts if p not in items]
     if missing:
