@@ -283,7 +283,8 @@ def exactness_line(curve: CostCurve) -> str:
         k, v = machine["cache_types"]
         what = (f"{curve.model} {curve.dtype} ({machine['backend']}: {machine['threads']} threads, flash attention "
                 f"{'on' if machine['flash_attn'] else 'off'}, K {k} / V {v}"
-                + ("" if "repack" not in machine else f", {'repacked' if machine['repack'] else 'plain'} weights")
+                + ("" if "repack" not in machine else f", {'repacked' if machine['repack'] else 'plain'} weights "
+                   "(not the build's default)")
                 + ")")
     if curve.exactness is None:
         return f"{what}: exactness not checked (calibrate --force checks it)"

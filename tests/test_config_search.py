@@ -118,6 +118,7 @@ def test_load_runs_the_searched_choice_unless_the_user_gave_settings(settings_ca
     assert (chosen.threads, chosen.flash_attn, chosen.cache_types, chosen.repack) == (
         1, False, ("f16", "f16"), not repack)
     assert chosen.identity()["repack"] is (not repack)  # its cost curves are its own
+    assert "repack" not in default.identity()  # keys made before the setting existed stay valid
     # Explicit settings win; the rest is the best searched configuration that matches them.
     fixed = load(cache_type_k="auto", cache_type_v="auto")
     assert (fixed.threads, fixed.flash_attn, fixed.cache_types) == (2, True, ("q8_0", "f16"))

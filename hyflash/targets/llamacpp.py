@@ -46,6 +46,7 @@ from hyflash.targets.base import (
 from hyflash.targets.llamacpp_build import (
     FLASH_ATTN,
     default_cache_types,
+    default_repack,
     file_fingerprint,
     ggml_lib,
     init_backend,
@@ -330,11 +331,14 @@ class LlamaCppTarget(BaseTarget):
         """What, besides the CPU, makes a cost curve of this target valid: llama.cpp's version and build (its
         matrix kernels), the file (a fingerprint, so a re-quantised file under the same name is measured
         afresh) and the settings that change a pass's cost (threads, flash attention, the eval callback, the
-        KV cache's types, repacked weights)."""
-        return {"backend": self.backend, "llama_cpp": llama_cpp.__version__, "kernels": matmul_kernels(),
-                "gguf": file_fingerprint(self.path),
-                "threads": self.threads, "flash_attn": self.flash_attn, "eval_callback": self.record_features,
-                "cache_types": list(self.cache_types), "repack": self.repack}
+        KV cache's types, weights not repacked as the build would by default)."""
+        ident = {"backend": self.backend, "llama_cpp": llama_cpp.__version__, "kernels": matmul_kernels(),
+                 "gguf": file_fingerprint(self.path),
+                 "threads": self.threads, "flash_attn": self.flash_attn, "eval_callback": self.record_features,
+                 "cache_types": list(self.cache_types)}
+        if self.repack != default_repack():  # only then: cost curves and feature caches keyed before stay valid
+            ident["repack"] = self.repack
+        return ident
 
     def numbers_identity(self) -> dict:
         """The same model computes other numbers on llama.cpp: its build, file and settings (threads aside)."""

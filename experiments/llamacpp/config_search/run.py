@@ -16,8 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-from hyflash.config_search import choice_line, search_settings, search_table
+from hyflash.config_search import choice_line, search_settings, search_table, settings_grid
 from hyflash.machine import cpu_description, physical_cores, set_torch_threads
+from hyflash.targets import gguf_path
+from hyflash.targets.llamacpp import LlamaCppTarget
 
 HERE = Path(__file__).parent
 
@@ -26,17 +28,23 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--out", default=str(HERE))
+    p.add_argument("--threads", type=int, nargs="*", default=None,
+                   help="search these thread counts only (a large file's full grid takes long)")
     args = p.parse_args()
     set_torch_threads()
     start = time.time()
-    result = search_settings(args.model, announce=lambda line: print(line, file=sys.stderr, flush=True))
+    precision = LlamaCppTarget(gguf_path(args.model), record_features=False, n_ctx=64).precision
+    grid = [s for s in settings_grid(precision) if not args.threads or s.threads in args.threads]
+    result = search_settings(args.model, grid, announce=lambda line: print(line, file=sys.stderr, flush=True))
     minutes = (time.time() - start) / 60
     cpu = cpu_description()[0]
     name = Path(args.model).stem
     out = Path(args.out)
     (out / f"{name}.json").write_text(json.dumps(result.to_dict() | {"cpu": cpu, "cores": physical_cores(),
                                                                       "minutes": round(minutes, 2)}, indent=1) + "\n")
-    command = f"PYTHONPATH=$PWD /work/shared/bin/heavy python experiments/llamacpp/config_search/run.py --model {args.model}"
+    threads = "" if not args.threads else " --threads " + " ".join(map(str, args.threads))
+    command = ("HYFLASH_CACHE=<a private cache> PYTHONPATH=$PWD /work/shared/bin/heavy python "
+               f"experiments/llamacpp/config_search/run.py --model {args.model}{threads}")
     (out / f"{name}.md").write_text(
         f"# llama.cpp configuration search: {args.model} ({result.precision})\n\n"
         f"CPU: {cpu}, {physical_cores()} physical cores (lscpu model name). Search took {minutes:.1f} min.\n\n"
