@@ -38,7 +38,7 @@ def main() -> None:
     result = search_settings(args.model, grid, announce=lambda line: print(line, file=sys.stderr, flush=True))
     minutes = (time.time() - start) / 60
     cpu = cpu_description()[0]
-    name = Path(args.model).stem
+    name = Path(args.model).name.removesuffix(".gguf")
     out = Path(args.out)
     (out / f"{name}.json").write_text(json.dumps(result.to_dict() | {"cpu": cpu, "cores": physical_cores(),
                                                                       "minutes": round(minutes, 2)}, indent=1) + "\n")
