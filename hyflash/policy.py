@@ -23,9 +23,11 @@ The decoding loop asks three things and stays the same whatever the answers:
                         loop's own Python) against the rate of plain decoding at this context (calibrated, and
                         corrected by the passes measured now). When speculation stops paying, plain steps
                         follow, for 4, 8, 16 ... max_probe_gap steps between short probes, so a generation is
-                        never much slower than plain decoding, whatever the calibration said. A fall-back also
-                        retires the expensive drafter for the generation (a feature-reading drafter that misses
-                        features cannot resume): idle steps cost no drafting, no ingest and no features
+                        never much slower than plain decoding, whatever the calibration said. Where feeding an
+                        idle drafter costs (its ingest and the target's features: llama.cpp), a fall-back also
+                        retires it for the generation (a feature-reading drafter that misses features cannot
+                        resume), so idle steps cost no drafting, no ingest and no features; where that is
+                        negligible (transformers) it stays fed and drafts again at the next probe
 
 Lossless by construction: the choice depends only on the drafts' *distributions* (their per-slot maximum
 probability, never the probability of the token that was sampled) and on the past (acceptance so far, and
@@ -146,12 +148,10 @@ class SpeculationPolicy:
         self.sources.clear()
         self.lengths.clear()
         if self.steps and self.retired_at != 0:
-            # The last generation tried the drafter from its start: back off over generations if it retired.
-            # A guard's fall-back judged speculation as a whole at one context, not the drafter: it counts only
-            # where an idle drafter costs (as for retiring by back-off; on llama.cpp, where a generation that
-            # starts without it also runs without the eval callback), not where it may pay on the next prompt.
-            retired = self.retired_at is not None and (
-                not self.retired_by_guard or self.idle_drafter_share() >= self.config.retire_min_idle_share)
+            # The last generation tried the drafter from its start: back off over generations if it retired
+            # (by back-off, ledger or the guard: each only where an idle drafter costs, as on llama.cpp, where a
+            # generation that starts without it also runs without the eval callback).
+            retired = self.retired_at is not None
             self.retired_runs = self.retired_runs + 1 if retired else 0
             self.rest_runs = min(2 ** (self.retired_runs - 1), self.config.max_rest_runs) if self.retired_runs else 0
         self.skip = self.skip_left = self.misses_at_max = self.steps = 0
@@ -184,6 +184,19 @@ class SpeculationPolicy:
         self.live.features = self.reads_features and self.retired_at is None  # (see LiveCosts.features)
         return self.live.pass_ms(q, context)
 
+    def _costs_at(self, context: int):
+        """pass_cost at this context as a function of q, each q computed once: a plan reads the same costs a dozen
+        times, which was half the Python time of a step that only looks up the n-gram on llama.cpp."""
+        self.live.features = self.reads_features and self.retired_at is None  # (see LiveCosts.features)
+        memo: dict[int, float] = {}
+
+        def cost(q: int) -> float:
+            if q not in memo:
+                memo[q] = self.live.pass_ms(q, context)
+            return memo[q]
+
+        return cost
+
     def draft_ms(self) -> float:
         """The time of one expensive draft, in pass_cost's units: measured this generation, else calibrated."""
         return self.live.draft_ms()
@@ -207,11 +220,12 @@ class SpeculationPolicy:
         if not self.config.adaptive:
             draft = next((d for d in candidates if len(d.tokens)), None)
             return None if draft is None else self._take(draft, len(draft.tokens))
-        best, best_k, best_rate = None, 0, 1.0 / self.pass_cost(1, context)
+        pass_cost = self._costs_at(context)
+        best, best_k, best_rate = None, 0, 1.0 / pass_cost(1)
         expensive_rate = 0.0  # the best rate an expensive draft gives once its drafting time is counted
         for draft in candidates:
             for k, gain in enumerate(self._gains(draft)[1:], start=1):
-                cost = self.pass_cost(k + 1, context)
+                cost = pass_cost(k + 1)
                 if gain / cost > best_rate:
                     best, best_k, best_rate = draft, k, gain / cost
                 if draft.expensive:
@@ -219,10 +233,10 @@ class SpeculationPolicy:
         # The draft is made, so the best one is verified; but it paid for itself only if it beats what the cheap
         # drafts offered by more than its own drafting time (else, on a steep curve, a hybrid's drafter keeps
         # drafting where the n-gram lookup alone would have been faster).
-        without = self._rate_without_expensive(candidates, context)
+        without = self._rate_without_expensive(candidates, pass_cost)
         self._back_off(candidates, paid=expensive_rate > without)
         if best is not None and best.expensive:
-            cost = self.pass_cost(best_k + 1, context)
+            cost = pass_cost(best_k + 1)
             self._account(candidates, best_rate * cost, cost, without)
         else:
             self._account(candidates, 0.0, 0.0, without)
@@ -239,6 +253,7 @@ class SpeculationPolicy:
         block = next(d for d in candidates if d.slot_probs is not None and len(d.tokens))
         chains = [d for d in candidates if d.slot_probs is None and len(d.tokens)]
         budget = self.config.tree if self.config.tree > 0 else 15
+        pass_cost = self._costs_at(context)
         tree = build_tree(block.slot_probs.float().cpu(), budget, None if block.vocab_ids is None else block.vocab_ids.cpu(),
                           chains=[c.tokens.tolist() for c in chains])
         conf = block.confidence_or_default()
@@ -259,9 +274,9 @@ class SpeculationPolicy:
         if self.config.tree > 0:
             n = len(tree)
         else:
-            n = max(range(len(tree) + 1), key=lambda m: (1 + cum[m]) / self.pass_cost(m + 1, context))
+            n = max(range(len(tree) + 1), key=lambda m: (1 + cum[m]) / pass_cost(m + 1))
         self.lengths[n] += 1
-        without, cost = self._rate_without_expensive(chains, context), self.pass_cost(n + 1, context)
+        without, cost = self._rate_without_expensive(chains, pass_cost), pass_cost(n + 1)
         self._back_off(candidates, paid=n > 0 and (1 + cum[n]) / (cost + self.draft_ms()) > without)
         self._account(candidates, 1 + cum[n] if n else 0.0, cost if n else 0.0, without)
         if n == 0:
@@ -274,13 +289,13 @@ class SpeculationPolicy:
         """Expected tokens committed when verifying the first k of this draft, k = 0..len (calibrated)."""
         return expected_committed(self.calibrator.estimate(draft.source, draft.confidence_or_default()))
 
-    def _rate_without_expensive(self, candidates: list[Draft], context: int) -> float:
+    def _rate_without_expensive(self, candidates: list[Draft], pass_cost) -> float:
         """Expected committed tokens per ms of the best plan that no expensive draft is part of: a plain step,
-        or a cheap draft (the n-gram lookup's) cut to its best length."""
-        rates = [1.0 / self.pass_cost(1, context)]
+        or a cheap draft (the n-gram lookup's) cut to its best length. pass_cost: `_costs_at(context)`."""
+        rates = [1.0 / pass_cost(1)]
         for draft in candidates:
             if not draft.expensive:
-                rates += [g / self.pass_cost(k + 1, context) for k, g in enumerate(self._gains(draft)[1:], start=1)]
+                rates += [g / pass_cost(k + 1) for k, g in enumerate(self._gains(draft)[1:], start=1)]
         return max(rates)
 
     def _account(self, candidates: list[Draft], gain: float, cost: float, without: float) -> None:
@@ -323,7 +338,10 @@ class SpeculationPolicy:
             self.live.record(q, context, times, n_accepted + 1, proposed)
             if self.guard and proposed is not None and times.total > 0 and self.guard.judge(n_accepted + 1, times.total,
                                                                         self._plain_step_ms(context)):
-                if self.retired_at is None:  # idle steps must cost nothing: no drafting, ingest or features
+                # Idle steps must cost nothing: where keeping the drafter fed costs (its ingest and the target's
+                # features), it retires for the generation; where that is negligible (transformers), it keeps
+                # ingesting and drafts again at the next probe, where it may pay.
+                if self.retired_at is None and self.idle_drafter_share() >= self.config.retire_min_idle_share:
                     self.retired_at, self.retired_by_guard = self.steps, True
         if self.drafted and self.retired_at is None:
             self.saved_ms -= self.idle_ms(n_accepted + 1)

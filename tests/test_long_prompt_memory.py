@@ -121,10 +121,12 @@ def test_prefill_maps_large_blocks_and_gives_the_heap_back_after(llama_target, m
     forward = llama_target._forward
     monkeypatch.setattr(llama_target, "_forward", lambda *a, **k: (seen_by_forward.append(list(calls)), forward(*a, **k))[1])
     llama_target.prefill(torch.arange(3, 30), chunk=10)
-    assert calls == [(hf.M_MMAP_THRESHOLD, 1 << 20), (hf.M_MMAP_THRESHOLD, hf.HEAP_BLOCKS_UP_TO)]
+    # After it: heap blocks again, and the heap keeps freed memory for the next step (not trimmed at 128 KiB)
+    assert calls == [(hf.M_MMAP_THRESHOLD, 1 << 20), (hf.M_MMAP_THRESHOLD, hf.HEAP_BLOCKS_UP_TO),
+                     (hf.M_TRIM_THRESHOLD, hf.HEAP_KEPT_FREE)]
     assert seen_by_forward == [[(hf.M_MMAP_THRESHOLD, 1 << 20)]] * 3  # every chunk runs with large blocks mapped
     llama_target.score(torch.tensor([5]))
-    assert len(calls) == 2  # a decode step leaves the allocator alone
+    assert len(calls) == 3  # a decode step leaves the allocator alone
 
 
 def test_glibcs_mallopt_is_found_and_accepts_the_setting():

@@ -35,9 +35,14 @@ from hyflash.targets.base import (
 )
 
 PREFILL_CHUNK = 2048  # prompt tokens per prefill pass: bounds activation memory for long prompts
-# glibc's malloc: mallopt's parameter, and the threshold below which (by default, once large blocks have been
+# glibc's malloc: mallopt's parameters, and the threshold below which (by default, once large blocks have been
 # freed) blocks come from the heap. 32 MiB is the most glibc raises it to by itself.
-M_MMAP_THRESHOLD, HEAP_BLOCKS_UP_TO = -3, 32 << 20
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, HEAP_BLOCKS_UP_TO = -1, -3, 32 << 20
+# Free memory at the heap's top that glibc keeps instead of returning it: what its own dynamic rule would set
+# (twice the mmap threshold), which setting M_MMAP_THRESHOLD switches off. Left at the 128 KiB default, every
+# decode step at a long context gave back the blocks its cache copy had freed and faulted them in again: a
+# 2-token pass at 6k tokens took 390 ms instead of 190 (fp32, AMD EPYC; experiments/never_slower/README.md).
+HEAP_KEPT_FREE = 2 * HEAP_BLOCKS_UP_TO
 
 
 @contextmanager
@@ -60,6 +65,7 @@ def large_blocks_mapped(threshold: int = 1 << 20):
         yield
     finally:
         mallopt(M_MMAP_THRESHOLD, HEAP_BLOCKS_UP_TO)
+        mallopt(M_TRIM_THRESHOLD, HEAP_KEPT_FREE)
 
 
 @functools.lru_cache(maxsize=1)
@@ -160,8 +166,8 @@ class FeatureRecorder:
 
 def hf_identity(dtype: str) -> dict:
     """The transformers backend's part of a calibration key for `dtype` (see HFTarget.identity)."""
-    # The attention a bf16 CPU target runs (see targets/attention.py): curves of the old kernel are stale.
-    attention = ATTENTION_NAME if dtype in ("bfloat16", "float16") else "sdpa"
+    # The attention a CPU target runs (see targets/attention.py): curves of the old kernels are stale.
+    attention = ATTENTION_NAME if dtype in ("bfloat16", "float16") else f"{ATTENTION_NAME}-shared-kv"
     return {"backend": "transformers", "transformers": transformers.__version__, "attention": attention}
 
 
@@ -172,7 +178,7 @@ class HFTarget(BaseTarget):
 
     def __init__(self, model, tokenizer=None, feature_layers: tuple[int, ...] | None = None, name: str = ""):
         self.model = model.eval()
-        use_for(self.model)  # bf16 on CPU: few-query passes skip SDPA's slow bf16 kernel (see attention.py)
+        use_for(self.model)  # on CPU: few-query passes skip SDPA's slow bf16 kernel and fp32 key/value copies
         self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "_name_or_path", "") or model.config.model_type
         text_config = model.config.get_text_config()
