@@ -277,7 +277,15 @@ def table(curves: list[CostCurve]) -> str:
 
 def exactness_line(curve: CostCurve) -> str:
     """What the exactness check found, for the calibrate command's report."""
-    what = f"{curve.model} {curve.dtype} ({curve.machine.get('backend', '?')})"
+    machine = curve.machine
+    what = f"{curve.model} {curve.dtype} ({machine.get('backend', '?')})"
+    if "cache_types" in machine:  # llama.cpp: the settings it ran with (calibrate --search-config chooses them)
+        k, v = machine["cache_types"]
+        what = (f"{curve.model} {curve.dtype} ({machine['backend']}: {machine['threads']} threads, flash attention "
+                f"{'on' if machine['flash_attn'] else 'off'}, K {k} / V {v}"
+                + ("" if "repack" not in machine else f", {'repacked' if machine['repack'] else 'plain'} weights "
+                   "(not the build's default)")
+                + ")")
     if curve.exactness is None:
         return f"{what}: exactness not checked (calibrate --force checks it)"
     verdict = ("bit-identical: speculative greedy text equals plain decoding's" if curve.exactness == 0 else

@@ -121,6 +121,11 @@ def _add_calibrate(sub) -> None:
     p.add_argument("--plot", default=None, help="where to draw the cost curves (default: beside the cached "
                    "curves, in hyflash's cache folder; '' = no plot)")
     p.add_argument("--json", action="store_true", help="print one JSON object (key cost_curve) instead of a table")
+    p.add_argument("--search-config", action="store_true",
+                   help="llama.cpp only: first try threads, flash attention, K/V cache types and repacked weights, "
+                        "and keep the fastest configuration whose multi-token passes are bit-identical to one-token "
+                        "passes for this file (cached: generate, bench and serve then run it unless given other "
+                        "settings; a few minutes)")
     p.set_defaults(handler=cmd_calibrate)
 
 
@@ -137,6 +142,14 @@ def cmd_calibrate(args) -> int:
     else:  # one curve: the file's own quantisation (an explicit dtype gets load_target's one-line error)
         dtypes = [GGUF_DTYPE if whole else args.dtype]
     say = (lambda line: None) if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    search = None
+    if args.search_config:
+        if args.backend != "llama.cpp":
+            raise HyflashError("--search-config searches llama.cpp's settings: add --backend llama.cpp")
+        from hyflash.config_search import search_settings
+
+        say(f"hyflash: searching the fastest exact llama.cpp configuration for {args.model} ...")
+        search = search_settings(args.model, announce=say)
     curves = {}  # by the curve's own name for what runs (on llama.cpp the GGUF's quantisation, e.g. Q4_1)
     for dtype in dtypes:
         curve, measured = calibrate(args.model, dtype, None if args.drafter == "none" else args.drafter,
@@ -154,10 +167,18 @@ def cmd_calibrate(args) -> int:
     if args.plot:
         plot(list(curves.values()), Path(args.plot))
     if args.json:
-        print(json.dumps({"backend": args.backend, "cost_curve": {d: c.to_dict() for d, c in curves.items()},
-                          "auto_dtype": {k: v[0] for k, v in auto.items()},
-                          "auto_reason": {k: v[1] for k, v in auto.items()}}))
+        out = {"backend": args.backend, "cost_curve": {d: c.to_dict() for d, c in curves.items()},
+               "auto_dtype": {k: v[0] for k, v in auto.items()}, "auto_reason": {k: v[1] for k, v in auto.items()}}
+        if search is not None:
+            out["config_search"] = search.to_dict()
+        print(json.dumps(out))
         return 0
+    if search is not None:
+        from hyflash.config_search import choice_line, search_table
+
+        print(search_table(search))
+        print(choice_line(search))
+        print()
     print(table(list(curves.values())))
     print()
     for curve in curves.values():

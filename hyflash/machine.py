@@ -79,10 +79,13 @@ def physical_cores() -> int:
     return max(1, min(len(cores) or len(allowed), len(allowed)))
 
 
+def chosen_threads() -> int | None:
+    """The thread count the user chose in the environment (HYFLASH_THREADS, else OMP_NUM_THREADS), or None."""
+    chosen = os.environ.get("HYFLASH_THREADS") or os.environ.get("OMP_NUM_THREADS")
+    return int(chosen) if chosen and chosen.isdigit() and int(chosen) > 0 else None
 
 
 def set_torch_threads() -> None:
-    """One torch thread per physical core unless the user chose (HYFLASH_THREADS, or OMP_NUM_THREADS):
-    decoding a small model is bound by the cores' vector units, and hyperthread siblings only contend."""
-    chosen = os.environ.get("HYFLASH_THREADS") or os.environ.get("OMP_NUM_THREADS")
-    torch.set_num_threads(int(chosen) if chosen and chosen.isdigit() and int(chosen) > 0 else physical_cores())
+    """One torch thread per physical core unless the user chose (`chosen_threads`): decoding a small model is
+    bound by the cores' vector units, and hyperthread siblings only contend."""
+    torch.set_num_threads(chosen_threads() or physical_cores())

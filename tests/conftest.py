@@ -10,6 +10,9 @@ import torch
 # Tiny models dominate the suite: one thread avoids thread-pool stalls (7-20x faster on a busy 2-core machine).
 # Real-model CLI tests run in subprocesses with torch's default threads.
 torch.set_num_threads(1)
+# Tests assert llama.cpp's and hyflash's default settings: a configuration searched on this machine (`hyflash
+# calibrate --search-config`) must not reach them, nor the CLI subprocesses they start.
+os.environ["HYFLASH_NO_SEARCHED_SETTINGS"] = "1"
 
 
 def import_llama_cpp():

@@ -46,6 +46,7 @@ from hyflash.targets.base import (
 from hyflash.targets.llamacpp_build import (
     FLASH_ATTN,
     default_cache_types,
+    default_repack,
     file_fingerprint,
     ggml_lib,
     init_backend,
@@ -53,6 +54,7 @@ from hyflash.targets.llamacpp_build import (
     matmul_kernels,
     model_params,
 )
+from hyflash.targets.llamacpp_settings import searched_options
 
 DEFAULT_N_CTX = 8192  # enough for every bench context; a model trained on less gets its own
 BATCH = 512  # tokens per llama_decode call (prefill chunk), also the physical ubatch
@@ -153,8 +155,10 @@ class LlamaCppTarget(BaseTarget):
 
     def __init__(self, gguf_path: str | Path, tokenizer=None, feature_layers: tuple[int, ...] | None = None,
                  name: str = "", n_ctx: int | None = None, n_threads: int | None = None,
-                 flash_attn: bool = FLASH_ATTN, record_features: bool = True,
-                 cache_type_k: str = "auto", cache_type_v: str = "auto"):
+                 flash_attn: bool | None = None, record_features: bool = True,
+                 cache_type_k: str = "auto", cache_type_v: str = "auto", repack: bool | None = None):
+        """n_threads None: torch's; flash_attn None: FLASH_ATTN; repack None: `default_repack()` (weights in
+        ggml's repacked CPU buffers)."""
         path = Path(gguf_path).expanduser()
         for what, kind in (("cache_type_k", cache_type_k), ("cache_type_v", cache_type_v)):
             if kind != "auto" and kind not in CACHE_TYPES:
@@ -165,7 +169,8 @@ class LlamaCppTarget(BaseTarget):
         self.path = path
         self.name = name or path.name
         self._model = self._ctx = None
-        mparams = model_params()
+        mparams = model_params(repack=repack)
+        self.repack = bool(mparams.use_extra_bufts)
         self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
             raise HyflashError(f"llama.cpp could not load {path}: the file is corrupt or not a GGUF model")
@@ -213,9 +218,9 @@ class LlamaCppTarget(BaseTarget):
         # differently in multi-token matrix products at any setting, so near-ties can flip there
         # (experiments/llamacpp/batch_invariance.md). The price: with the eval callback, FA passes of 8-16
         # tokens cost 1.3-1.5x more than without FA (experiments/llamacpp/measure.md).
-        cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
+        self.flash_attn = FLASH_ATTN if flash_attn is None else bool(flash_attn)
+        cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attn
                                    else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
-        self.flash_attn = flash_attn
         # "auto" is K in q8_0 for a Q4_1 file because that makes speculative decoding exact on any thread
         # count: a one-token FA pass over 512+ cells with an F16 (or F32) K and V of one type splits the cells
         # across threads and merges partial sums, so it rounds differently from the multi-token pass that
@@ -255,10 +260,13 @@ class LlamaCppTarget(BaseTarget):
     @classmethod
     def load(cls, name_or_path: str = DEFAULT_MODEL, feature_layers=None, **kwargs) -> "LlamaCppTarget":
         """A built-in name (the GGUF its package ships, with the transformers backend's tokenizer) or a local
-        .gguf file (llama.cpp's own tokenizer and chat template)."""
+        .gguf file (llama.cpp's own tokenizer and chat template). Settings not given in kwargs (threads,
+        flash_attn, cache types, repack) come from this machine's cached configuration search for the file,
+        if there is one (`hyflash calibrate --search-config`; llamacpp_settings.searched_options)."""
         path = gguf_path(name_or_path)
         tokenizer = _hf_tokenizer(name_or_path, path.parent, path.name) if name_or_path in BUILTIN_MODELS else None
-        return cls(path, tokenizer, feature_layers, name=str(name_or_path), **kwargs)
+        given = {k: v for k, v in kwargs.items() if v is not None}
+        return cls(path, tokenizer, feature_layers, name=str(name_or_path), **(searched_options(path, given) | given))
 
     def __del__(self) -> None:
         try:
@@ -323,11 +331,14 @@ class LlamaCppTarget(BaseTarget):
         """What, besides the CPU, makes a cost curve of this target valid: llama.cpp's version and build (its
         matrix kernels), the file (a fingerprint, so a re-quantised file under the same name is measured
         afresh) and the settings that change a pass's cost (threads, flash attention, the eval callback, the
-        KV cache's types)."""
-        return {"backend": self.backend, "llama_cpp": llama_cpp.__version__, "kernels": matmul_kernels(),
-                "gguf": file_fingerprint(self.path),
-                "threads": self.threads, "flash_attn": self.flash_attn, "eval_callback": self.record_features,
-                "cache_types": list(self.cache_types)}
+        KV cache's types, weights not repacked as the build would by default)."""
+        ident = {"backend": self.backend, "llama_cpp": llama_cpp.__version__, "kernels": matmul_kernels(),
+                 "gguf": file_fingerprint(self.path),
+                 "threads": self.threads, "flash_attn": self.flash_attn, "eval_callback": self.record_features,
+                 "cache_types": list(self.cache_types)}
+        if self.repack != default_repack():  # only then: cost curves and feature caches keyed before stay valid
+            ident["repack"] = self.repack
+        return ident
 
     def numbers_identity(self) -> dict:
         """The same model computes other numbers on llama.cpp: its build, file and settings (threads aside)."""

@@ -56,25 +56,31 @@ def has_amx_backend() -> bool:
     return _built_with("AMX_INT8")
 
 
-def model_params(default=None):
-    """llama.cpp's default model parameters, except on a build with the AMX backend: there its extra buffer
-    types (weights repacked for AMX: Q4_0, Q4_1, Q8_0 and K-quants) crash the first decode with a segfault
-    (measured on a 2-core Xeon VM with AMX, 2026-12-02, llama-cpp-python's own `Llama` too; llama.cpp issue
-    #20824), so weights stay in plain CPU buffers, which llama.cpp's AVX-512 kernels multiply. `default`: the
-    function to start from (the peer passes the library's own, which it replaces while `Llama` loads)."""
+def default_repack() -> bool:
+    """Whether weights go into ggml's extra (repacked) CPU buffer types by default: llama.cpp's default, except
+    on a build with the AMX backend: there its extra buffer types (weights repacked for AMX: Q4_0, Q4_1, Q8_0
+    and K-quants) crash the first decode with a segfault (measured on a 2-core Xeon VM with AMX, 2026-12-02,
+    llama-cpp-python's own `Llama` too; llama.cpp issue #20824), so weights stay in plain CPU buffers, which
+    llama.cpp's AVX-512 kernels multiply."""
+    return not has_amx_backend()
+
+
+def model_params(default=None, repack: bool | None = None):
+    """llama.cpp's default model parameters with weights repacked or not (`repack`; None: `default_repack()`).
+    `default`: the function to start from (the peer passes the library's own, which it replaces while `Llama`
+    loads)."""
     params = (default or llama_cpp.llama_model_default_params)()
-    if has_amx_backend():
-        params.use_extra_bufts = False
+    params.use_extra_bufts = default_repack() if repack is None else repack
     return params
 
 
 @contextlib.contextmanager
-def _peer_model_params():
-    """While llama-cpp-python's `Llama` loads a model, its model parameters are `model_params()`'s (it has no
-    argument for extra buffer types and reads the library's defaults)."""
+def _peer_model_params(repack: bool | None = None):
+    """While llama-cpp-python's `Llama` loads a model, its model parameters are `model_params(repack=repack)`'s
+    (it has no argument for extra buffer types and reads the library's defaults)."""
     low_level = llama_cpp.llama_cpp
     original = low_level.llama_model_default_params
-    low_level.llama_model_default_params = functools.partial(model_params, original)
+    low_level.llama_model_default_params = functools.partial(model_params, original, repack)
     try:
         yield
     finally:
@@ -123,11 +129,12 @@ def file_fingerprint(path: Path, edge: int = 1 << 20) -> str:
 
 def llama_cpp_peer(path: Path, target=None, **kwargs) -> "llama_cpp.Llama":
     """llama-cpp-python's own `Llama` on `path` with the settings that decide its greedy text: the threads,
-    flash attention and KV cache types of `target` (a LlamaCppTarget), or this backend's defaults (with
-    torch's thread count) for any other target. It is the plain llama.cpp run hyflash's output must equal."""
+    flash attention, KV cache types and weight buffers of `target` (a LlamaCppTarget), or this backend's
+    defaults (with torch's thread count) for any other target. It is the plain llama.cpp run hyflash's output
+    must equal."""
     threads = getattr(target, "threads", None) or torch.get_num_threads()
     cache_k, cache_v = getattr(target, "cache_types", LLAMA_CPP_CACHE)
     settings = dict(n_threads=threads, n_threads_batch=threads, flash_attn=getattr(target, "flash_attn", FLASH_ATTN),
                     type_k=CACHE_TYPES[cache_k], type_v=CACHE_TYPES[cache_v], verbose=False)
-    with _peer_model_params():
+    with _peer_model_params(getattr(target, "repack", None)):
         return llama_cpp.Llama(str(path), **(settings | kwargs))
