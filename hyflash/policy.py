@@ -67,6 +67,12 @@ class PolicyConfig:
     # while the drafter is in use. Below zero, the drafter retires (with retire_after > 0; 0 here = never).
     ledger_after: int = 24
     max_rest_runs: int = 8  # longest run of generations a retired drafter sits out before it is tried again
+    # A generation starts without the expensive drafter when, on the calibrated costs, it would pay only if
+    # accepted at more than this per slot (its drafting, ingest and the target's features counted against plain
+    # steps). The shipped SmolLM2 drafter averages ~0.72 a slot on chat (τ 3.29 over 7-slot chains) and ~0.9 on
+    # repetitive code; on llama.cpp Q4_1 with 2 cores the bar is ~0.83 and it never paid in the never-slower suite,
+    # while its first steps, before the guard judged it, cost 3-6% (experiments/never_slower/). 1.0: never.
+    start_retired_above: float = 0.8
     prior_acceptance: float = 0.6  # per-slot acceptance assumed by choose_dtype before anything is observed
     tree: int = 0  # draft tree node budget: 0 = a chain; -1 = the best budget up to 15 from the cost curve
     # The guard (needs a cost curve): judged after guard_after speculative steps, over a window that decays by
@@ -80,7 +86,8 @@ class PolicyConfig:
     @classmethod
     def for_run(cls, adaptive: bool = True, tree: int = 0, keep_drafter: bool = False) -> "PolicyConfig":
         """The command-line choices (--no-adaptive, --tree, --keep-drafter) as a config."""
-        return cls(adaptive=adaptive, tree=tree, **({"retire_after": 0} if keep_drafter else {}))
+        return cls(adaptive=adaptive, tree=tree,
+                   **({"retire_after": 0, "start_retired_above": 1.0} if keep_drafter else {}))
 
 
 class AcceptanceCalibrator:
@@ -141,9 +148,11 @@ class SpeculationPolicy:
         self.sources: Counter = Counter()  # steps whose verified draft came from each source
         self.lengths: Counter = Counter()  # verified draft length k -> steps
 
-    def start_run(self, reads_features: bool = True) -> None:
+    def start_run(self, reads_features: bool = True, context: int = 0, max_draft: int = 0) -> None:
         """A new generation: per-run statistics restart; what was learned about acceptance is kept.
-        reads_features: the drafter reads the target's features (until its expensive part retires)."""
+        reads_features: the drafter reads the target's features (until its expensive part retires).
+        context, max_draft: the prompt's length and the expensive drafter's longest draft (0: no expensive
+        drafter), for the start decision (`start_retired_above`)."""
         self.reads_features = reads_features
         self.sources.clear()
         self.lengths.clear()
@@ -163,6 +172,31 @@ class SpeculationPolicy:
         if self.rest_runs:  # this generation starts without the expensive drafter
             self.rest_runs -= 1
             self.retired_at = 0
+        elif max_draft and self.break_even_acceptance(context, max_draft) > self.config.start_retired_above:
+            self.retired_at = 0  # it cannot pay here at any acceptance it plausibly reaches: never slower
+
+    def break_even_acceptance(self, context: int, max_draft: int) -> float:
+        """The per-slot acceptance above which the expensive drafter's best draft length (up to max_draft)
+        commits tokens faster than plain steps, on the calibrated costs: c(k + 1) with features, its drafting
+        and its ingest per committed token, against a plain step (0.0 without a curve or an adaptive policy;
+        1.0: not even at full acceptance)."""
+        curve = self.curve
+        if curve is None or not self.config.adaptive:
+            return 0.0
+        plain_rate = 1.0 / curve.plain(context)
+        draft_ms, ingest_ms = curve.draft_ms or 0.0, curve.ingest_ms or 0.0
+
+        def pays(a: float) -> bool:
+            gains = expected_committed([a] * min(max_draft, curve.max_q - 1))
+            return any(g / (curve.cost(k + 1, context) + draft_ms + ingest_ms * g) > plain_rate
+                       for k, g in enumerate(gains[1:], start=1))
+
+        if not pays(1.0):
+            return 1.0
+        low, high = 0.0, 1.0
+        for _ in range(20):  # bisection: paying is monotone in the acceptance
+            low, high = (low, (low + high) / 2) if pays((low + high) / 2) else ((low + high) / 2, high)
+        return high
 
     @property
     def retire_expensive(self) -> bool:

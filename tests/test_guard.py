@@ -182,3 +182,27 @@ def test_where_an_idle_drafter_costs_nothing_a_fall_back_keeps_it_fed_for_the_ne
     assert out.tokens == plain.tokens and ms < 1.15 * plain_ms
     assert out.policy["expensive_drafter_retired_at_step"] is None and out.policy["guard"]["fallbacks"] >= 3
     assert drafter.seen == 16 + len(out.tokens) - 1  # it saw every verified token: it can draft at any probe
+
+
+def test_a_drafter_that_could_pay_only_at_implausible_acceptance_sits_out_the_generation_from_its_start(
+        llama_target, monkeypatch):
+    """llama.cpp-like costs on 2 cores: a 2-token pass is 1.7 plain steps and a draft 0.3 more, so the drafter
+    pays only if accepted at ~0.87+ a slot: the generation starts without it (no drafting, no features), and so
+    runs at plain speed. Where it can pay (flat costs, free drafting) or --keep-drafter is given, it drafts."""
+    steep = curve([10, 17, 22, 26], plain=9.5, draft_ms=3.0)
+    assert 0.8 < SpeculationPolicy(steep).break_even_acceptance(0, 3) < 0.9
+    clock = CurveClock(monkeypatch, llama_target, steep)
+    drafted = []
+    drafter = SlowDrafter(clock, 3.0, llama_target.vocab_size)
+    monkeypatch.setattr(drafter, "draft", lambda *a, draft=drafter.draft: (drafted.append(1), draft(*a))[1])
+    plain, plain_ms = _timed(clock, llama_target, None, None, n=40)
+    out, ms = _timed(clock, llama_target, drafter, SpeculationPolicy(steep), n=40)
+    assert out.policy["expensive_drafter_retired_at_step"] == 0 and not drafted and ms == pytest.approx(plain_ms)
+    assert out.tokens == plain.tokens
+    flat = curve([10, 11, 12, 13], plain=10)
+    assert SpeculationPolicy(flat).break_even_acceptance(0, 3) < 0.2
+    out, _ = _timed(clock, llama_target, drafter, SpeculationPolicy(flat), n=40)
+    assert drafted and out.policy["expensive_drafter_retired_at_step"] != 0
+    drafted.clear()
+    out, _ = _timed(clock, llama_target, drafter, SpeculationPolicy(steep, PolicyConfig.for_run(keep_drafter=True)), n=40)
+    assert drafted and out.policy["expensive_drafter_retired_at_step"] is None
