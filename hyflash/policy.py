@@ -184,12 +184,10 @@ class SpeculationPolicy:
         if curve is None or not self.config.adaptive:
             return 0.0
         plain_rate = 1.0 / curve.plain(context)
-        draft_ms, ingest_ms = curve.draft_ms or 0.0, curve.ingest_ms or 0.0
 
         def pays(a: float) -> bool:
-            gains = expected_committed([a] * min(max_draft, curve.max_q - 1))
-            return any(g / (curve.cost(k + 1, context) + draft_ms + ingest_ms * g) > plain_rate
-                       for k, g in enumerate(gains[1:], start=1))
+            steps = drafting_steps(curve, a, min(max_draft, curve.max_q - 1), context)
+            return any(gain / ms > plain_rate for _, gain, ms in steps)
 
         if not pays(1.0):
             return 1.0
@@ -215,8 +213,7 @@ class SpeculationPolicy:
 
     def pass_cost(self, q: int, context: int) -> float:
         """c(q) at this context: calibrated, corrected by the passes this generation measured."""
-        self.live.features = self.reads_features and self.retired_at is None  # (see LiveCosts.features)
-        return self.live.pass_ms(q, context)
+        return self._costs_at(context)(q)
 
     def _costs_at(self, context: int):
         """pass_cost at this context as a function of q, each q computed once: a plan reads the same costs a dozen
@@ -468,13 +465,20 @@ def expected_rate(curve: CostCurve, acceptance: float, block: int, with_drafter:
     """(tokens per second, best k) expected on this curve for a drafter accepted at `acceptance` per slot."""
     if not with_drafter:
         return 1000.0 / curve.cost(1, context), 0
-    draft_ms = (curve.draft_ms or 0.0)
-    gains = expected_committed([acceptance] * (block - 1))
-    best = (1000.0 / (curve.cost(1, context) + draft_ms), 0)
-    for k in range(1, block):
-        ms = curve.cost(k + 1, context) + draft_ms + (curve.ingest_ms or 0.0) * gains[k]
-        best = max(best, (1000.0 * gains[k] / ms, k))
+    best = (1000.0 / (curve.cost(1, context) + (curve.draft_ms or 0.0)), 0)
+    for k, gain, ms in drafting_steps(curve, acceptance, block - 1, context):
+        best = max(best, (1000.0 * gain / ms, k))
     return best
+
+
+def drafting_steps(curve: CostCurve, acceptance: float, max_draft: int, context: int):
+    """(k, expected committed tokens, ms of the step) for verifying k = 1..max_draft drafts accepted at
+    `acceptance` a slot, on the calibrated curve: the k + 1-token pass, one draft, and the ingest of what it
+    commits."""
+    draft_ms, ingest_ms = curve.draft_ms or 0.0, curve.ingest_ms or 0.0
+    gains = expected_committed([acceptance] * max_draft)
+    for k in range(1, max_draft + 1):
+        yield k, gains[k], curve.cost(k + 1, context) + draft_ms + ingest_ms * gains[k]
 
 
 def choose_dtype(curves: dict[str, CostCurve], with_drafter: bool, block: int = 8,

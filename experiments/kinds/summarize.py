@@ -249,14 +249,25 @@ def _claims_lines(table: dict, sets: list[str], what: str) -> list[str]:
             g, (h, f) = _gain(table, depth, s)
             cells.append("–" if g is None else f"{g:+.3f} [{_spread(h):.3f}, {_spread(f):.3f}]")
         lines.append(f"| d{depth} | " + " | ".join(cells) + " |")
-    lines += ["", f"### τ per kind-depth ({what}, mean of seeds, seed range)", "",
-              "| kind-depth | seeds | " + " | ".join(sets) + " |", "|---|---:|" + "---:|" * len(sets)]
+    return lines + ["", f"### τ per kind-depth ({what}, mean of seeds, seed range)", "", *table_lines(table, sets)]
+
+
+def table_lines(table: dict, sets: list[str]) -> list[str]:
+    """A markdown table of τ per kind-depth and set: the mean of seeds and, in brackets, the seed range."""
+    lines = ["| kind-depth | seeds | " + " | ".join(sets) + " |", "|---|---:|" + "---:|" * len(sets)]
     for key, cells in table.items():
         n = max(len(c["tau_seeds"]) for c in cells.values())
         row = [f"{cells[s]['tau_mean']:.3f} ({min(cells[s]['tau_seeds']):.2f}–{max(cells[s]['tau_seeds']):.2f})"
                if s in cells else "–" for s in sets]
         lines.append(f"| {key} | {n} | " + " | ".join(row) + " |")
     return lines
+
+
+def tau_with_seed_range(cells: dict, sets: list[str]) -> tuple[list[float], list[list[float]]]:
+    """(mean τ per set, [below, above] error bars reaching the lowest and highest seed) for a plot."""
+    y = [cells[s]["tau_mean"] for s in sets]
+    return y, [[cells[s]["tau_mean"] - min(cells[s]["tau_seeds"]) for s in sets],
+               [max(cells[s]["tau_seeds"]) - cells[s]["tau_mean"] for s in sets]]
 
 
 def claims_markdown(results: dict, table: dict, rules: dict, sets: list[str], notes: list[str],
@@ -352,11 +363,9 @@ def plot(results: dict, table: dict, path: Path) -> None:
     for key, cells in table.items():
         sets = sorted((s for s in cells if s in lengths), key=lengths.get)
         x = [lengths[s] for s in sets]
-        y = [cells[s]["tau_mean"] for s in sets]
-        low = [cells[s]["tau_mean"] - min(cells[s]["tau_seeds"]) for s in sets]
-        high = [max(cells[s]["tau_seeds"]) - cells[s]["tau_mean"] for s in sets]
+        y, err = tau_with_seed_range(cells, sets)
         kind, depth = key.rsplit("-d", 1)
-        ax.errorbar(x, y, yerr=[low, high], fmt="o-" if depth == "1" else "s--", capsize=3, label=key,
+        ax.errorbar(x, y, yerr=err, fmt="o-" if depth == "1" else "s--", capsize=3, label=key,
                     color=f"C{KINDS.index(kind)}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("prompt length (tokens, mean of the set)")

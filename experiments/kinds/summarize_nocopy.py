@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # summarize.py beside this file (they move together)
 
 import summarize  # noqa: E402
-from summarize import SEED_NAME, summary, verdict  # noqa: E402
+from summarize import SEED_NAME, summary, table_lines, tau_with_seed_range, verdict  # noqa: E402
 
 from hyflash.bench.datasets import SETS  # noqa: E402
 from hyflash.bench.run import RECORD_SETTINGS  # noqa: E402
@@ -208,16 +208,6 @@ def claims_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
-def table_lines(table: dict, sets: list[str]) -> list[str]:
-    lines = ["| kind-depth | seeds | " + " | ".join(sets) + " |", "|---|---:|" + "---:|" * len(sets)]
-    for key, cells in table.items():
-        n = max(len(c["tau_seeds"]) for c in cells.values())
-        lines.append(f"| {key} | {n} | " + " | ".join(
-            f"{cells[s]['tau_mean']:.3f} ({min(cells[s]['tau_seeds']):.2f}–{max(cells[s]['tau_seeds']):.2f})"
-            if s in cells else "–" for s in sets) + " |")
-    return lines
-
-
 def plot(curves: list[tuple[str, dict, dict]], path: Path) -> None:
     """curves: (label, table, context length per set); one line per kind-depth and grid."""
     import matplotlib
@@ -231,9 +221,7 @@ def plot(curves: list[tuple[str, dict, dict]], path: Path) -> None:
             sets = sorted((s for s in cells if s in lengths), key=lengths.get)
             if not sets:
                 continue
-            y = [cells[s]["tau_mean"] for s in sets]
-            err = [[cells[s]["tau_mean"] - min(cells[s]["tau_seeds"]) for s in sets],
-                   [max(cells[s]["tau_seeds"]) - cells[s]["tau_mean"] for s in sets]]
+            y, err = tau_with_seed_range(cells, sets)
             kind, depth = key.rsplit("-d", 1)
             ax.errorbar([lengths[s] for s in sets], y, yerr=err, capsize=2, color=f"C{KINDS.index(kind)}",
                         fmt=("o" if depth == "1" else "s") + ("-" if g == 0 else "--"), alpha=1.0 if g == 0 else 0.5,

@@ -41,7 +41,7 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, HEAP_BLOCKS_UP_TO = -1, -3, 32 << 20
 # Free memory at the heap's top that glibc keeps instead of returning it: what its own dynamic rule would set
 # (twice the mmap threshold), which setting M_MMAP_THRESHOLD switches off. Left at the 128 KiB default, every
 # decode step at a long context gave back the blocks its cache copy had freed and faulted them in again: a
-# 2-token pass at 6k tokens took 390 ms instead of 190 (fp32, AMD EPYC; experiments/never_slower/README.md).
+# 2-token pass at 6k tokens took 390 ms instead of 190 (fp32, AMD EPYC; docs/engine.md, "Few-query attention").
 HEAP_KEPT_FREE = 2 * HEAP_BLOCKS_UP_TO
 
 
