@@ -82,6 +82,13 @@ class PolicyConfig:
     guard_decay: float = 0.85
     probe_steps: int = 4
     max_probe_gap: int = 64
+    # The guard's loss budget, which bounds what trying costs where speculation never pays (llama.cpp on 2 cores,
+    # where a rejected 2-token pass costs 1.6 plain steps): speculative steps may lose, in all, at most this share of
+    # the time plain decoding takes for the tokens so far plus loss_budget_start_tokens (so the first steps may
+    # try). A step loses its time less what its committed tokens take at plain speed; a step that gains counts
+    # negative, so a drafter that has paid may try again sooner.
+    loss_budget: float = 0.03
+    loss_budget_start_tokens: int = 32
 
     @classmethod
     def for_run(cls, adaptive: bool = True, tree: int = 0, keep_drafter: bool = False) -> "PolicyConfig":
@@ -142,6 +149,7 @@ class SpeculationPolicy:
         self.retired_by_guard = False  # ...in a fall-back to plain steps (not held against it in later runs)
         self.proposed: bool | None = None  # this step: None, the drafter did not run; else whether its expensive part did
         self.context = 0  # the context of the last step observed
+        self.start_context = 0  # the prompt's length (start_run)
         self.reads_features = True  # the drafter reads the target's features (start_run says)
         self.steps = 0
         self.rest_runs = self.retired_runs = 0  # generations left to sit out; trial runs in a row that retired
@@ -154,6 +162,7 @@ class SpeculationPolicy:
         context, max_draft: the prompt's length and the expensive drafter's longest draft (0: no expensive
         drafter), for the start decision (`start_retired_above`)."""
         self.reads_features = reads_features
+        self.context = self.start_context = context
         self.sources.clear()
         self.lengths.clear()
         if self.steps and self.retired_at != 0:
@@ -234,7 +243,13 @@ class SpeculationPolicy:
 
     def drafting(self) -> bool:
         """Whether the drafter runs at all this step (False: the guard has fallen back to plain steps)."""
-        return self.guard is None or self.guard.drafting()
+        return self.guard is None or self.guard.drafting(self.loss_budget_ms())
+
+    def loss_budget_ms(self) -> float:
+        """What the guard lets speculative steps lose in all by now: loss_budget of the time plain steps take for
+        the tokens committed so far plus loss_budget_start_tokens."""
+        tokens = self.context - self.start_context + self.config.loss_budget_start_tokens
+        return self.config.loss_budget * tokens * self._plain_step_ms(self.context)
 
     def wants_draft(self) -> bool:
         if self.skip_left > 0:
@@ -367,8 +382,8 @@ class SpeculationPolicy:
             q = 1 + (0 if draft is None else len(draft.tokens))
             self.live.features = self.reads_features and self.retired_at is None  # (see LiveCosts.features)
             self.live.record(q, context, times, n_accepted + 1, proposed)
-            if self.guard and proposed is not None and times.total > 0 and self.guard.judge(n_accepted + 1, times.total,
-                                                                        self._plain_step_ms(context)):
+            if self.guard and proposed is not None and times.total > 0 and self.guard.judge(
+                    n_accepted + 1, times.total, self._plain_step_ms(context), self.loss_budget_ms()):
                 # Idle steps must cost nothing: where keeping the drafter fed costs (its ingest and the target's
                 # features), it retires for the generation; where that is negligible (transformers), it keeps
                 # ingesting and drafts again at the next probe, where it may pay.
@@ -418,7 +433,10 @@ class Guard:
     """Never slower than plain decoding, by measurement: the committed tokens per ms of speculative steps (a
     window that decays by guard_decay a step) against the rate of a plain step at this context. Below it, the
     drafter sits out 4, 8, 16 ... max_probe_gap steps, then probes for probe_steps steps; a probe that pays
-    resumes speculation (and the next fall-back starts again from 4)."""
+    resumes speculation (and the next fall-back starts again from 4). Besides, the time speculative steps lost
+    against plain steps in all (`lost_ms`) must stay within a budget that grows with each token
+    (PolicyConfig.loss_budget): a step that overdraws it falls back at once, and the probe after the gap waits
+    until the budget covers the loss again."""
 
     FIRST_GAP = 4
 
@@ -433,23 +451,30 @@ class Guard:
         self.idle_left = 0
         self.probing = False
         self.fallbacks = self.idle_steps = 0
+        self.lost_ms = 0.0  # what speculative steps lost against plain steps this generation (gains negative)
 
-    def drafting(self) -> bool:
+    def drafting(self, budget_ms: float = float("inf")) -> bool:
+        """Whether this step may speculate; budget_ms: the loss budget now (`SpeculationPolicy.loss_budget_ms`)."""
         if self.idle_left > 0:
             self.idle_left -= 1
             self.idle_steps += 1
             if self.idle_left == 0:
                 self.probing, self.tokens, self.ms, self.steps = True, 0.0, 0.0, 0
             return False
+        if self.lost_ms > budget_ms:  # the gap is over, but the budget does not cover the loss yet
+            self.idle_steps += 1
+            return False
         return True
 
-    def judge(self, committed: int, step_ms: float, plain_step_ms: float) -> bool:
+    def judge(self, committed: int, step_ms: float, plain_step_ms: float, budget_ms: float = float("inf")) -> bool:
         """A speculative step committed `committed` tokens in step_ms. True when it falls back now."""
         decay = self.config.guard_decay
         self.tokens, self.ms, self.steps = self.tokens * decay + committed, self.ms * decay + step_ms, self.steps + 1
-        if self.steps < (self.config.probe_steps if self.probing else self.config.guard_after):
+        self.lost_ms += step_ms - committed * plain_step_ms
+        overdrawn = self.lost_ms > budget_ms
+        if not overdrawn and self.steps < (self.config.probe_steps if self.probing else self.config.guard_after):
             return False
-        if self.tokens / self.ms >= 1.0 / plain_step_ms:
+        if not overdrawn and self.tokens / self.ms >= 1.0 / plain_step_ms:
             if self.probing:  # the probe paid: speculation is back, and a later fall-back starts short again
                 self.probing, self.gap = False, 0
             return False
@@ -458,7 +483,7 @@ class Guard:
         return True
 
     def stats(self) -> dict:
-        return {"fallbacks": self.fallbacks, "plain_steps": self.idle_steps}
+        return {"fallbacks": self.fallbacks, "plain_steps": self.idle_steps, "lost_ms": round(self.lost_ms, 2)}
 
 
 def expected_rate(curve: CostCurve, acceptance: float, block: int, with_drafter: bool, context: int = 256) -> tuple[float, int]:

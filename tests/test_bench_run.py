@@ -207,3 +207,32 @@ def test_resume_keeps_matching_records_and_runs_only_what_is_missing(tmp_path):
     assert finished["meta"]["resumed"][-1]["records_kept"] == 12 and len(finished["runs"]) == 16
     with pytest.raises(HyflashError, match="other settings \\(max_new_tokens\\)"):
         bench({"a": drafter("a", 2)}, max_new_tokens=6)
+
+
+def test_repeats_time_the_same_generation_and_keep_the_median_run():
+    """--repeats: each method runs from the policy state it had before the prompt each time (not one that learned
+    from its own repeats), in rotated order, and the run of median decode time stands; the state after the
+    first run carries on to the next prompt."""
+    from hyflash.bench.methods import PromptRun
+    from hyflash.bench.run import _repeated
+
+    class Method:
+        def __init__(self, name, times):
+            self.name, self.times, self.policy = name, list(times), {"prompts_seen": 0}
+
+    ran = []
+
+    def run(m):
+        ran.append((m.name, m.policy["prompts_seen"]))
+        m.policy["prompts_seen"] += 1  # what a policy learns from a generation
+        return PromptRun(method=m.name, tokens=[1], prompt_tokens=1, target_passes=1, committed_after_prefill=1,
+                         prefill_time=0.0, decode_time=m.times.pop(0))
+
+    a, b = Method("a", [3.0, 1.0, 2.0]), Method("b", [5.0, 9.0, 4.0])
+    out = _repeated([a, b], 3, run)
+    assert ran == [("a", 0), ("b", 0), ("b", 0), ("a", 0), ("a", 0), ("b", 0)]  # rotated, same state each time
+    assert out["a"].decode_time == 2.0 and out["a"].decode_times == [3.0, 1.0, 2.0]
+    assert out["b"].decode_time == 5.0
+    assert a.policy == {"prompts_seen": 1} and b.policy == {"prompts_seen": 1}  # as after one run
+    with pytest.raises(Exception, match="--repeats"):
+        BenchConfig(repeats=0)

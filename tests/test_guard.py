@@ -12,7 +12,7 @@ from hyflash.costs import CostCurve, LiveCosts, StepTimes
 from hyflash.decoding import generate
 from hyflash.drafters.base import Draft
 from hyflash.drafters.oracle import TargetGreedyDrafter
-from hyflash.policy import Guard, PolicyConfig, SpeculationPolicy
+from hyflash.policy import AcceptanceCalibrator, Guard, PolicyConfig, SpeculationPolicy
 from hyflash.sampling import SamplingConfig
 
 
@@ -72,7 +72,60 @@ def test_the_guard_falls_back_probes_after_doubling_gaps_and_resumes_when_a_prob
     while not guard.judge(1, 30.0, plain_ms):  # slow steps again...
         judged += 1
     assert judged <= 3 and idle_steps() == 4  # ...and the next fall-back starts short
-    assert guard.stats() == {"fallbacks": 4, "plain_steps": 24}
+    assert guard.stats()["fallbacks"] == 4 and guard.stats()["plain_steps"] == 24
+
+
+def test_a_step_that_overdraws_the_loss_budget_falls_back_at_once_and_the_probe_waits_for_the_budget():
+    guard = Guard(PolicyConfig(guard_after=6))
+    plain_ms = 10.0
+    assert not guard.judge(1, 16.0, plain_ms, budget_ms=10.0)  # lost 6 ms of 10: the window is not judged yet
+    assert guard.judge(1, 16.0, plain_ms, budget_ms=10.0) and guard.lost_ms == pytest.approx(12.0)  # 12 > 10: now
+    assert [guard.drafting(budget_ms=10.0) for _ in range(4)] == [False] * 4  # the first gap...
+    assert not guard.drafting(budget_ms=11.9) and guard.idle_steps == 5  # ...then plain steps until the budget
+    assert guard.drafting(budget_ms=12.0) and guard.probing  # covers the loss: the probe
+    assert not guard.judge(4, 16.0, plain_ms, budget_ms=12.0) and guard.lost_ms == pytest.approx(-12.0)  # a gain
+
+
+class CheapWrongDrafter(RandomDrafter):
+    """Random drafts (nearly never accepted) at no drafting cost, from a source the policy is sure of."""
+
+    needs_features = False
+    is_expensive = False
+
+    def ingest(self, tokens, features) -> None:
+        self.seen += tokens.shape[0]
+
+    def draft(self, last_token, num_tokens, sampling, generator) -> Draft:
+        d = super().draft(last_token, num_tokens, sampling, generator)
+        d.source = "ngram"
+        return d
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_the_loss_budget_bounds_what_drafts_that_never_pay_cost_whatever_the_planner_believes(
+        llama_target, monkeypatch, temperature):
+    """llama.cpp-like costs on 2 cores (a 2-token pass is 1.6 plain steps) and drafts the planner wrongly
+    believes (acceptance 0.9 a slot, never corrected): each one verified is a loss. The rate window alone loses
+    to its judgement steps and its probes; the loss budget (3% of plain time, plus 32 tokens' worth to start)
+    keeps the generation within ~3% and one step of plain, and a larger budget lets it lose more."""
+    costs = curve([10, 16, 19, 22], plain=10)
+    clock = CurveClock(monkeypatch, llama_target, costs)
+    monkeypatch.setattr(AcceptanceCalibrator, "estimate", lambda self, source, conf: [0.9] * len(conf.tolist()))
+    sampling = SamplingConfig(temperature=temperature)
+    n = 200
+    plain, plain_ms = _timed(clock, llama_target, None, None, n=n, sampling=sampling)
+
+    def slowdown(loss_budget: float) -> float:
+        drafter = CheapWrongDrafter(llama_target.vocab_size)
+        policy = SpeculationPolicy(costs, PolicyConfig(loss_budget=loss_budget))
+        out, ms = _timed(clock, llama_target, drafter, policy, n=n, sampling=sampling)
+        if temperature == 0:
+            assert out.tokens == plain.tokens
+        return ms / plain_ms - 1
+
+    budgeted, unbounded = slowdown(0.03), slowdown(float("inf"))
+    assert budgeted <= 0.03 * (n + 32) / n + 12.0 / plain_ms  # the budget, and the step that overdrew it
+    assert unbounded > 0.05 > budgeted
 
 
 class SlowDrafter(RandomDrafter):

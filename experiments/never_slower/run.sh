@@ -3,7 +3,10 @@
 # greedy and T = 0.7, 96 new tokens, on the bench set `never-slower` (prose and code at 128 / 1.5k / 6k tokens of
 # context, two short chat requests; held out: hyflash/bench/datasets.py). Same-run ratios, prompt by prompt.
 #
-#   /work/shared/bin/heavy experiments/never_slower/run.sh [RUNS_DIR]      (~30-40 min on 2 CPU cores)
+#   /work/shared/bin/heavy experiments/never_slower/run.sh [RUNS_DIR]      (~50 min on 2 CPU cores)
+#
+# Each generation is timed 3 times (--repeats 3: methods in rotated order, the median run stands): one run's
+# speed moves by ~5% from run to run on these machines, as much as the margin the bar leaves.
 #
 # Raw bench folders go to RUNS_DIR (default experiments/never_slower/runs, ignored by git); the summary
 # (results.json, results.md, ratio_vs_context.png) to experiments/never_slower/.
@@ -12,7 +15,7 @@ RUNS=${1:-experiments/never_slower/runs}
 PY=${PY:-python}
 for backend in transformers llama.cpp; do
   dtype=$([ "$backend" = transformers ] && echo float32 || echo auto)
-  "$PY" -m hyflash.cli bench --backend "$backend" --dtype "$dtype" --sets never-slower --n 3 --max-new-tokens 96 \
+  "$PY" -m hyflash.cli bench --backend "$backend" --dtype "$dtype" --sets never-slower --n 3 --max-new-tokens 96 --repeats 3 \
     --temperatures 0,0.7 --methods plain --drafter default=default --memory-contexts '' --sweep-kinds '' \
     --out "$RUNS/$backend"
 done

@@ -36,6 +36,9 @@ def add_cli(sub) -> None:
     p.add_argument("--sets", type=_csv, default=DEFAULT_SETS, help=f"comma list from: {', '.join(SETS)}")
     p.add_argument("--n", type=int, default=5, help="prompts per set (deterministic selection)")
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=1,
+                   help="time each generation this many times (methods in rotated order, each from the same policy "
+                        "state) and keep the run of median decode time: one run's speed is noisy by ~5%%")
     p.add_argument("--temperatures", type=lambda s: tuple(float(x) for x in _csv(s)), default=(0.0, 0.7, 1.0),
                    help="comma list; 0 = greedy")
     p.add_argument("--methods", type=_csv, default=BUILTIN_METHODS,
@@ -110,6 +113,7 @@ def cmd_bench(args) -> int:
     config = BenchConfig(
         model=args.model, backend=args.backend, dtype=args.dtype, adaptive=args.adaptive,
         keep_drafter=args.keep_drafter, trees=args.trees if args.trees else (args.tree,), sets=args.sets, n=args.n, max_new_tokens=args.max_new_tokens,
+        repeats=args.repeats,
         temperatures=args.temperatures, methods=args.methods, drafters=dict(parse_drafter(d) for d in args.drafter),
         pld_tokens=args.pld_tokens, ngram_block=args.ngram_block, seed=args.seed,
         memory_contexts=args.memory_contexts, sweep_kinds=args.sweep_kinds, sweep_depths=args.sweep_depths,

@@ -49,6 +49,7 @@ class PromptRun:
     committed_after_prefill: int  # tokens committed by those passes (new tokens - 1)
     prefill_time: float
     decode_time: float
+    decode_times: list[float] = field(default_factory=list)  # each timing, with --repeats (decode_time: the median)
     draft_time: float = 0.0
     verify_time: float = 0.0
     drafted_by_position: list[int] = field(default_factory=list)

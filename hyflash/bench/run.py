@@ -19,6 +19,7 @@ on the session.
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import json
 import os
@@ -67,6 +68,7 @@ class BenchConfig:
     sets: tuple[str, ...] = DEFAULT_SETS
     n: int = 5  # prompts per set
     max_new_tokens: int = 128
+    repeats: int = 1  # timings per generation; the run of median decode time stands (_repeated)
     temperatures: tuple[float, ...] = (0.0, 0.7, 1.0)
     methods: tuple[str, ...] = BUILTIN_METHODS
     drafters: dict[str, str] = field(default_factory=dict)  # name -> folder or 'default'
@@ -85,6 +87,8 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if self.n < 1 or self.max_new_tokens < 2:
             raise HyflashError("need --n >= 1 and --max-new-tokens >= 2 (tau needs a pass after the prefill)")
+        if self.repeats < 1:
+            raise HyflashError(f"--repeats must be >= 1, got {self.repeats}")
         unknown = [s for s in self.sets if s not in SETS]
         if unknown:
             raise HyflashError(f"unknown evaluation sets {unknown}: choose from {', '.join(SETS)}")
@@ -284,7 +288,8 @@ def run_bench(
                 key = (temperature, set_name, prompt.item_id)
                 order = [m for m in methods[i % len(methods):] + methods[: i % len(methods)]
                          if (*key, m.name) not in kept_records]
-                runs = {m.name: m.run(target, list(prompt.ids), config.max_new_tokens, sampling, seed) for m in order}
+                runs = _repeated(order, config.repeats,
+                                 lambda m: m.run(target, list(prompt.ids), config.max_new_tokens, sampling, seed))
                 references = {ref: runs[ref].tokens if ref in runs else kept_records.get((*key, ref), {}).get("tokens")
                               for ref in GREEDY_REFERENCES}
                 for m in methods:  # records in the configured order, whatever order they ran in
@@ -308,6 +313,33 @@ def run_bench(
         results["drafter_params"] = {name: param_count(d) for name, d in drafters.items()}
     save()
     return results
+
+
+def _repeated(order: list, repeats: int, run: Callable) -> dict:
+    """{method name: its PromptRun} on one prompt. With repeats > 1 each method runs `repeats` times, the order
+    rotated each round (so a drift in the machine's speed spreads over the methods), each time from the policy
+    state it had before the first (a repeat times the same generation, not one that learned from the others),
+    and its run of median decode time stands, with all the times in `decode_times`. What the policy learned in
+    the first run carries on to the next prompt, as without repeats."""
+    if repeats == 1:
+        return {m.name: run(m) for m in order}
+    start = {m.name: copy.deepcopy(getattr(m, "policy", None)) for m in order}
+    after_first, timed = {}, {m.name: [] for m in order}
+    for r in range(repeats):
+        for m in order[r % len(order):] + order[: r % len(order)]:
+            if start[m.name] is not None:
+                m.policy = copy.deepcopy(start[m.name])
+            timed[m.name].append(run(m))
+            if r == 0:
+                after_first[m.name] = getattr(m, "policy", None)
+    out = {}
+    for m in order:
+        if after_first[m.name] is not None:
+            m.policy = after_first[m.name]
+        runs = timed[m.name]
+        median = sorted(runs, key=lambda x: x.decode_time)[len(runs) // 2]
+        out[m.name] = replace(median, decode_times=[x.decode_time for x in runs])
+    return out
 
 
 # What a record depends on besides its method: a resumed bench must match the earlier one in all of these.
