@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from hyflash.bench.report import markdown_table, write_report
 from hyflash.bench.run import summarise
 
@@ -43,3 +45,18 @@ def test_write_report_writes_table_and_pngs(tmp_path):
     text = (tmp_path / "table.md").read_text()
     assert "Draft-side memory" in text and "## Summary" in text
     assert "| 0 | long-2k | 2048 |" in text  # compact comparison: one row per temperature and set
+
+
+def test_prompt_ratios_pair_each_repeat_and_take_the_ratio_of_medians():
+    from hyflash.bench.report import prompt_ratios
+
+    def run(method, decode_time, times, new_tokens=100):
+        return {"temperature": 0.0, "set": "never-slower", "item_id": "prose:x:128", "method": method,
+                "prompt_tokens": 128, "new_tokens": new_tokens, "decode_time": decode_time, "decode_times": times,
+                "tau": 1.5, "speedup_ceiling": 1.2, "guard": {"fallbacks": 1}, "identical_to_plain": True}
+
+    results = {"runs": [run("plain", 2.0, [2.0, 1.8, 2.4]), run("default", 1.6, [1.6, 2.0, 1.5])]}
+    [row] = prompt_ratios(results, "default")
+    assert row["ratio"] == pytest.approx(2.0 / 1.6)
+    assert row["repeat_ratios"] == pytest.approx([2.0 / 1.6, 1.8 / 2.0, 2.4 / 1.5], abs=1e-4)  # pairs, not sorted
+    assert row["fallbacks"] == 1 and row["kind"] == "prose"

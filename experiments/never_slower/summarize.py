@@ -53,11 +53,15 @@ def markdown(summary: dict) -> str:
                   f"**min {_n(o['min_ratio'], '.2f')}x, median {_n(o['median_ratio'], '.2f')}x** over "
                   f"{o['prompts']} prompt runs; median ceiling {_n(o['median_ceiling'], '.2f')}x, median share of "
                   f"its margin taken {_n(o['median_ceiling_share'], '.0%')}", "",
-                  "| T | prompt | context | ratio | tau | ceiling | fall-backs | greedy text = plain |",
-                  "|---:|---|---:|---:|---:|---:|---:|---|"]
+                  "Ratio: of the median timings of 3 (`--repeats`); each repeat's own ratio (plain's i-th timing against "
+                  "the default's i-th, run next to each other) spans the range beside it.", "",
+                  "| T | prompt | context | ratio | per repeat | tau | ceiling | fall-backs | greedy text = plain |",
+                  "|---:|---|---:|---:|---|---:|---:|---:|---|"]
         for r in b["prompts"]:
             same = "–" if r["identical_to_plain"] is None else ("yes" if r["identical_to_plain"] else "**no**")
-            lines.append(f"| {r['temperature']} | {r['item_id']} | {r['prompt_tokens']} | {r['ratio']:.2f} | "
+            spread = r.get("repeat_ratios") or []
+            spread = f"{min(spread):.2f}–{max(spread):.2f}" if len(spread) > 1 else "–"
+            lines.append(f"| {r['temperature']} | {r['item_id']} | {r['prompt_tokens']} | {r['ratio']:.2f} | {spread} | "
                          f"{r['tau']:.2f} | {_n(r['speedup_ceiling'], '.2f')} | {_n(r['fallbacks'], 'd')} | {same} |")
         lines.append("")
     return "\n".join(lines)

@@ -250,8 +250,13 @@ def prompt_ratios(results: dict, method: str) -> list[dict]:
         if name != method or plain is None or not r["decode_time"] or not plain["decode_time"]:
             continue
         speed = lambda run: run["new_tokens"] / run["decode_time"]  # noqa: E731
+        # With --repeats: the ratio of each repeat's pair of timings (plain's i-th against this method's i-th),
+        # whose spread shows how much one run's ratio moves.
+        pairs = [p / t for p, t in zip(plain.get("decode_times") or [], r.get("decode_times") or []) if t > 0]
         rows.append({"temperature": temperature, "set": set_name, "item_id": item, "kind": item.split(":")[0],
-                     "prompt_tokens": r["prompt_tokens"], "ratio": speed(r) / speed(plain), "tau": r["tau"],
+                     "prompt_tokens": r["prompt_tokens"], "ratio": speed(r) / speed(plain),
+                     "repeat_ratios": [round(x * r["new_tokens"] / plain["new_tokens"], 4) for x in pairs],
+                     "tau": r["tau"],
                      "speedup_ceiling": r.get("speedup_ceiling"), "fallbacks": (r.get("guard") or {}).get("fallbacks"),
                      "identical_to_plain": r.get("identical_to_plain")})
     return sorted(rows, key=lambda x: (x["temperature"], x["kind"], x["prompt_tokens"]))
