@@ -80,6 +80,12 @@ class PolicyConfig:
     guard: bool = True
     guard_after: int = 6
     guard_decay: float = 0.85
+    # ...and falls back when the window has lost more than this many plain steps' time (0: as soon as its rate is
+    # below plain's). A stretch of rejected drafts inside a paying generation (a new line of code) loses little
+    # where a multi-token pass costs little more than a plain step (transformers fp32: ~0.1 step per rejected
+    # draft) and should not cost a fall-back; where it costs much (llama.cpp on 2 cores: 0.6+ a draft), two or
+    # three rejected steps cross it.
+    guard_margin: float = 1.0
     probe_steps: int = 4
     max_probe_gap: int = 64
     # The guard's loss budget, which bounds what trying costs where speculation never pays (llama.cpp on 2 cores,
@@ -431,8 +437,8 @@ class SpeculationPolicy:
 
 class Guard:
     """Never slower than plain decoding, by measurement: the committed tokens per ms of speculative steps (a
-    window that decays by guard_decay a step) against the rate of a plain step at this context. Below it, the
-    drafter sits out 4, 8, 16 ... max_probe_gap steps, then probes for probe_steps steps; a probe that pays
+    window that decays by guard_decay a step) against the rate of a plain step at this context. Once the window
+    has lost more than guard_margin plain steps' time against that rate, the drafter sits out 4, 8, 16 ... max_probe_gap steps, then probes for probe_steps steps; a probe that pays
     resumes speculation (and the next fall-back starts again from 4). Besides, the time speculative steps lost
     against plain steps in all (`lost_ms`) must stay within a budget that grows with each token
     (PolicyConfig.loss_budget): a step that overdraws it falls back at once, and the probe after the gap waits
@@ -474,7 +480,7 @@ class Guard:
         overdrawn = self.lost_ms > budget_ms
         if not overdrawn and self.steps < (self.config.probe_steps if self.probing else self.config.guard_after):
             return False
-        if not overdrawn and self.tokens / self.ms >= 1.0 / plain_step_ms:
+        if not overdrawn and self.ms - self.tokens * plain_step_ms <= self.config.guard_margin * plain_step_ms:
             if self.probing:  # the probe paid: speculation is back, and a later fall-back starts short again
                 self.probing, self.gap = False, 0
             return False

@@ -51,7 +51,7 @@ def test_the_drafters_own_time_is_measured_per_source_and_a_clock_that_did_not_t
 
 # ----- the guard -----------------------------------------------------------------------------------------------
 def test_the_guard_falls_back_probes_after_doubling_gaps_and_resumes_when_a_probe_pays():
-    guard = Guard(PolicyConfig(guard_after=3, probe_steps=2, max_probe_gap=8))
+    guard = Guard(PolicyConfig(guard_after=3, probe_steps=2, max_probe_gap=8, guard_margin=0.0))
     plain_ms = 10.0  # one token per 10 ms
     assert [guard.judge(1, 12.0, plain_ms) for _ in range(3)] == [False, False, True]  # judged from the 3rd step
 
@@ -84,6 +84,23 @@ def test_a_step_that_overdraws_the_loss_budget_falls_back_at_once_and_the_probe_
     assert not guard.drafting(budget_ms=11.9) and guard.idle_steps == 5  # ...then plain steps until the budget
     assert guard.drafting(budget_ms=12.0) and guard.probing  # covers the loss: the probe
     assert not guard.judge(4, 16.0, plain_ms, budget_ms=12.0) and guard.lost_ms == pytest.approx(-12.0)  # a gain
+
+
+def test_cheap_rejections_need_a_plain_steps_loss_in_the_window_before_a_fall_back_and_costly_ones_do_not_wait():
+    """Six rejected drafts at the start, each 0.2 plain steps dearer than a plain step (transformers fp32): the
+    window has lost 0.88 of a step, which does not cost a fall-back with guard_margin 1, and two accepted
+    drafts after them put it in credit; at 0.7 steps dearer each (llama.cpp on 2 cores) it falls back at the
+    6th step as without a margin."""
+    plain_ms = 10.0
+
+    def first_fall_back(step_ms: float, margin: float, then=()):
+        guard = Guard(PolicyConfig(guard_margin=margin))
+        steps = [(1, step_ms)] * 6 + list(then)
+        return next((i + 1 for i, (tokens, ms) in enumerate(steps) if guard.judge(tokens, ms, plain_ms)), None)
+
+    assert first_fall_back(12.0, margin=0.0) == 6
+    assert first_fall_back(12.0, margin=1.0, then=[(4, 12.0), (4, 12.0)] + [(2, 12.0)] * 10) is None
+    assert first_fall_back(17.0, margin=1.0) == first_fall_back(17.0, margin=0.0) == 6
 
 
 class CheapWrongDrafter(RandomDrafter):
