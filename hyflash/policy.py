@@ -91,10 +91,11 @@ class PolicyConfig:
     # The guard's loss budget, which bounds what trying costs where speculation never pays (llama.cpp on 2 cores,
     # where a rejected 2-token pass costs 1.6 plain steps): speculative steps may lose, in all, at most this share of
     # the time plain decoding takes for the tokens so far plus loss_budget_start_tokens (so the first steps may
-    # try). A step loses its time less what its committed tokens take at plain speed; a step that gains counts
-    # negative, so a drafter that has paid may try again sooner.
+    # try: 64 tokens' 3% is ~2 plain steps, two or three rejected drafts on llama.cpp, five or more on
+    # transformers). A step loses its time less what its committed tokens take at plain speed; a step that gains
+    # counts negative, so a drafter that has paid may try again sooner.
     loss_budget: float = 0.03
-    loss_budget_start_tokens: int = 32
+    loss_budget_start_tokens: int = 64
 
     @classmethod
     def for_run(cls, adaptive: bool = True, tree: int = 0, keep_drafter: bool = False) -> "PolicyConfig":
@@ -393,7 +394,8 @@ class SpeculationPolicy:
                 # Idle steps must cost nothing: where keeping the drafter fed costs (its ingest and the target's
                 # features), it retires for the generation; where that is negligible (transformers), it keeps
                 # ingesting and drafts again at the next probe, where it may pay.
-                if self.retired_at is None and self.idle_drafter_share() >= self.config.retire_min_idle_share:
+                if (not self.guard.paused and self.retired_at is None
+                        and self.idle_drafter_share() >= self.config.retire_min_idle_share):
                     self.retired_at, self.retired_by_guard = self.steps, True
         if self.drafted and self.retired_at is None:
             self.saved_ms -= self.idle_ms(n_accepted + 1)
@@ -438,11 +440,14 @@ class SpeculationPolicy:
 class Guard:
     """Never slower than plain decoding, by measurement: the committed tokens per ms of speculative steps (a
     window that decays by guard_decay a step) against the rate of a plain step at this context. Once the window
-    has lost more than guard_margin plain steps' time against that rate, the drafter sits out 4, 8, 16 ... max_probe_gap steps, then probes for probe_steps steps; a probe that pays
-    resumes speculation (and the next fall-back starts again from 4). Besides, the time speculative steps lost
-    against plain steps in all (`lost_ms`) must stay within a budget that grows with each token
-    (PolicyConfig.loss_budget): a step that overdraws it falls back at once, and the probe after the gap waits
-    until the budget covers the loss again."""
+    has lost more than guard_margin plain steps' time against that rate, the drafter sits out 4, 8, 16 ...
+    max_probe_gap steps, then probes for probe_steps steps; a probe that pays resumes speculation (and the next
+    fall-back starts again from 4). Besides, the time speculative steps lost against plain steps in all
+    (`lost_ms`) must stay within a budget that grows with each token (PolicyConfig.loss_budget). A step that
+    overdraws it is a fall-back at once if the window has lost more than the margin; otherwise a pause until the
+    budget covers the loss again: a throttle, not a verdict on the drafter (`paused`), so it neither doubles the
+    gap nor retires the drafter (on transformers at T = 0.7, a few early rejections that overdraw the starting
+    budget made the drafter sit out that generation and the next ones)."""
 
     FIRST_GAP = 4
 
@@ -456,8 +461,9 @@ class Guard:
         self.gap = 0  # the last fall-back's length, in plain steps (0: none yet)
         self.idle_left = 0
         self.probing = False
-        self.fallbacks = self.idle_steps = 0
+        self.fallbacks = self.idle_steps = self.pauses = 0
         self.lost_ms = 0.0  # what speculative steps lost against plain steps this generation (gains negative)
+        self.paused = False  # the last fall-back was the budget's pause alone (the window did not judge it)
 
     def drafting(self, budget_ms: float = float("inf")) -> bool:
         """Whether this step may speculate; budget_ms: the loss budget now (`SpeculationPolicy.loss_budget_ms`)."""
@@ -477,11 +483,18 @@ class Guard:
         decay = self.config.guard_decay
         self.tokens, self.ms, self.steps = self.tokens * decay + committed, self.ms * decay + step_ms, self.steps + 1
         self.lost_ms += step_ms - committed * plain_step_ms
+        judged = self.steps >= (self.config.probe_steps if self.probing else self.config.guard_after)
+        window_lost = self.ms - self.tokens * plain_step_ms > self.config.guard_margin * plain_step_ms
         overdrawn = self.lost_ms > budget_ms
-        if not overdrawn and self.steps < (self.config.probe_steps if self.probing else self.config.guard_after):
-            return False
-        if not overdrawn and self.ms - self.tokens * plain_step_ms <= self.config.guard_margin * plain_step_ms:
-            if self.probing:  # the probe paid: speculation is back, and a later fall-back starts short again
+        # Overdrawn while the window has lost little (small losses, long ago, or in a run that has paid): a pause,
+        # until the budget covers the loss (drafting() checks it). Overdrawn by a window that has lost more than
+        # the margin: that is a verdict, at once, whatever the step count.
+        self.paused = overdrawn and not window_lost
+        if self.paused:
+            self.pauses += 1
+            return True
+        if not (window_lost and (judged or overdrawn)):
+            if judged and self.probing:  # the probe paid: speculation is back, and a later fall-back starts short
                 self.probing, self.gap = False, 0
             return False
         self.gap = min(2 * self.gap if self.gap else self.FIRST_GAP, self.config.max_probe_gap)
@@ -489,7 +502,8 @@ class Guard:
         return True
 
     def stats(self) -> dict:
-        return {"fallbacks": self.fallbacks, "plain_steps": self.idle_steps, "lost_ms": round(self.lost_ms, 2)}
+        return {"fallbacks": self.fallbacks, "budget_pauses": self.pauses, "plain_steps": self.idle_steps,
+                "lost_ms": round(self.lost_ms, 2)}
 
 
 def expected_rate(curve: CostCurve, acceptance: float, block: int, with_drafter: bool, context: int = 256) -> tuple[float, int]:

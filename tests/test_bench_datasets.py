@@ -79,3 +79,23 @@ def test_the_never_slower_suite_spans_contexts_and_kinds_from_held_out_sources(t
     prose = {p.source for p in suite if p.item_id.startswith("prose")}
     assert prose and not prose & {pr.module.split("/")[0].removeprefix("package:")
                                   for pr in prose_prompts("train", per_package=1)}
+
+
+def test_chat_wild_is_hand_written_with_earlier_turns_and_unlike_every_training_prompt(target):
+    """Issue 37's held-out generalisation set: none of its requests occurs in the prompts the drafters train on
+    (the varied source, both splits), and some carry earlier turns."""
+    import json
+
+    from hyflash.bench.datasets import CHAT_WILD
+    from hyflash.training.varied_prompts import varied_prompts
+
+    wild = [json.loads(line) for line in CHAT_WILD.read_text(encoding="utf-8").splitlines()]
+    prompts = load_set("chat-wild", target, len(wild), MAX_NEW)
+    assert len(prompts) == len(wild) == 24 and len({p.item_id for p in prompts}) == 24
+    assert sum(len(w["messages"]) > 1 for w in wild) >= 2
+    assert all(w["messages"][-1]["role"] == "user" for w in wild)
+    training = "\n".join(p.text for split in ("train", "heldout") for p in varied_prompts(split))
+    assert len(training) > 100_000
+    for w in wild:
+        for m in w["messages"]:
+            assert m["content"] not in training

@@ -11,6 +11,9 @@
               module (the held-out split has few modules of 8k+ tokens, too few for 12 prompts from file starts):
               every ctx set has the same cut points and continuations, so the sets differ only in context
               (issue 41: per-prompt pairs across sets and kinds)
+  chat-wild   24 chat requests for code written by hand unlike any training template (terse, chatty, formal,
+              non-native, Spanish, pasted code to fix, review or extend, multi-turn; issue 37's held-out
+              check of a drafter's generalisation), in the file's order
   never-slower  the "never slower than plain" suite (issue 36): prose (package READMEs) and code (sources of
               the held-out split's third-party packages, whose code and docstrings training never read) at
               ~128, 1.5k and 6k tokens of context, and two short chat requests (a function, a small class)
@@ -27,7 +30,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from hyflash.corpora import (
@@ -198,6 +203,25 @@ def build_prose(target, n: int, max_new_tokens: int) -> list[BenchPrompt]:
     return out
 
 
+# ----- chat written unlike the training templates ------------------------------------------------------------
+CHAT_WILD = Path(__file__).resolve().parent.parent / "assets" / "bench" / "chat_wild.jsonl"
+
+
+def build_chat_wild(target, n: int, max_new_tokens: int) -> list[BenchPrompt]:
+    """The first n conversations of CHAT_WILD (OpenAI-style messages, the last one the user's), through the
+    target's chat template; a model without one reads the turns as plain text, a blank line apart."""
+    items = [json.loads(line) for line in CHAT_WILD.read_text(encoding="utf-8").splitlines() if line.strip()]
+    chat = bool(getattr(target.tokenizer, "chat_template", None))
+
+    def encode(messages: list[dict]) -> tuple[int, ...]:
+        if chat:
+            return tuple(target.encode_chat(messages))
+        return tuple(target.encode_prompt("\n\n".join(m["content"] for m in messages), chat=False))
+
+    return [BenchPrompt("chat-wild", item["id"], "chat_wild.jsonl", encode(item["messages"]), chat=chat)
+            for item in items[:n]]
+
+
 # ----- the never-slower suite ------------------------------------------------------------------------------
 SUITE_CONTEXTS = (128, 1536, 6144)  # prompt tokens of each prose and code prompt
 SUITE_CHAT = (
@@ -245,6 +269,8 @@ SETS: dict[str, EvalSet] = {
             for name, tokens in LONG_PREFIX_TOKENS.items()
         ],
         EvalSet("prose", "package README text from dist-info", PROSE_PREFIX_TOKENS, build_prose),
+        EvalSet("chat-wild", "hand-written chat requests for code, unlike the training templates", 120,
+                build_chat_wild),
         *[
             EvalSet(name, f"the {tokens // 1024}k tokens before cut points in big held-out stdlib modules", tokens,
                     _build_cut(name))
