@@ -15,19 +15,7 @@ from hyflash.drafters.copy import batched_copy_candidates, copy_candidates, copy
 from hyflash.drafters.state import DrafterState, pointer_vocabulary
 from hyflash.errors import HyflashError
 from hyflash.sampling import SamplingConfig
-from test_drafter_model import _ingest_in_pieces, llama3_target, make, sequence  # noqa: F401 (a fixture)
-
-
-def _with_copy_weights(model, seed=0, scale=0.5):
-    """Random, large copy weights: the copy input must change the draft for the tests to see it."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        model.copy_proj.weight.copy_(torch.randn(model.copy_proj.weight.shape, generator=g) * scale)
-        model.copy_length.weight.copy_(torch.randn(model.copy_length.weight.shape, generator=g) * scale)
-        if model.config.copy_gate:
-            model.copy_gate.weight.copy_(torch.randn(model.copy_gate.weight.shape, generator=g) * scale)
-            model.copy_gate.bias.fill_(4 * scale)
-    return model
+from test_drafter_model import _ingest_in_pieces, _with_copy_weights, llama3_target, make, sequence  # noqa: F401
 
 
 def _repetitive(T, vocab, seed):

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 from conftest import tiny_llama
-from test_drafter_model import make, sequence
+from test_drafter_model import _with_copy_weights, make, sequence
 
 from hyflash.cli import main
 from hyflash.decoding import generate
@@ -43,6 +43,86 @@ def test_save_load_round_trip(llama_target, saved):
     torch.testing.assert_close(loaded.train_forward(features, tokens, anchors), expected)
     model.save_pretrained(path)  # saving over an existing folder replaces it atomically
     assert isinstance(load_drafter(path, llama_target), DrafterState)
+
+
+def test_a_narrow_drafter_round_trips_and_drafts_the_same(llama_target, tmp_path):
+    """A drafter of half the target's width saves its width and out_proj; loaded, it drafts exactly what it
+    drafted before; in int8 (out_proj quantised, the head reading its output) it stays close and lossless."""
+    H = llama_target.hidden_size
+    model = _with_copy_weights(make(llama_target, dtype=torch.float32, hidden_size=H // 2, copy_ngram=3,
+                                    copy_gate=True, draft_vocab_size=50))
+    model.set_draft_vocab(torch.arange(50) * 2 % llama_target.vocab_size)
+    path = model.save_pretrained(tmp_path / "narrow")
+    assert json.loads((path / "config.json").read_text())["hidden_size"] == H // 2
+    loaded = DrafterModel.from_pretrained(path, llama_target)
+    assert loaded.config == model.config and loaded.out_proj.weight.shape == (H, H // 2)
+    assert loaded.state_dict().keys() == model.state_dict().keys()
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    features, tokens = sequence(llama_target, 40, dtype=torch.float32)
+    tokens = tokens % 6  # repeats: the copy input has candidates
+    states = [DrafterState(model), DrafterState(loaded), load_drafter(path, llama_target, int8=True)]
+    for state in states:
+        state.ingest(tokens[0, :29], features[0, :29])
+    logits = [state.model.logits(state.block_hidden(5, state.copy_candidates(5))) for state in states]
+    assert torch.equal(logits[1], logits[0])
+    drafts = [state.draft(5, 4, SamplingConfig(), None) for state in states[:2]]
+    assert drafts[1].tokens.tolist() == drafts[0].tokens.tolist()
+    assert torch.equal(drafts[1].slot_probs, drafts[0].slot_probs)
+    int8 = states[2]
+    assert int8.model.int8_head is not None and not isinstance(int8.model.out_proj, torch.nn.Linear)
+    assert (logits[2] - logits[0]).abs().max() < 0.1 * logits[0].abs().max()
+    prompt = tokens[0, :23]
+    plain = generate(llama_target, prompt, None, max_new_tokens=30)
+    assert generate(llama_target, prompt, int8, max_new_tokens=30).tokens == plain.tokens
+
+
+def test_drafters_of_the_targets_width_keep_their_checkpoint(llama_target, tmp_path):
+    """hidden_size 0 (the default, and what a config.json written before the field reads as) or the target's own
+    width: no out_proj and the tensors drafters always had, so older drafters, the shipped one among them, load
+    and draft as before."""
+    model = make(llama_target, dtype=torch.float32, num_layers=1, copy_ngram=3, copy_gate=True, draft_vocab_size=50)
+    layer = {"attn_norm.weight": (32,), "q_proj.weight": (16, 32), "k_proj.weight": (16, 32),
+             "v_proj.weight": (16, 32), "o_proj.weight": (32, 16), "q_norm.weight": (8,), "k_norm.weight": (8,),
+             "mlp_norm.weight": (32,), "mlp.gate.weight": (128, 32), "mlp.up.weight": (128, 32),
+             "mlp.down.weight": (32, 128), "memory_gates.weight": (4, 32), "memory_gates.bias": (4,),
+             "memory_out_gate.weight": (2, 32), "memory_out_gate.bias": (2,)}
+    expected = {"fusion.layer_norm_weight": (1, 32), "fusion.proj.weight": (32, 32), "fusion.norm.weight": (32,),
+                "mask_embedding": (32,), "anchor_proj.weight": (32, 32), "context_proj.weight": (32, 32),
+                "copy_proj.weight": (32, 32), "copy_length.weight": (4, 32), "copy_gate.weight": (1, 32),
+                "copy_gate.bias": (1,), **{f"layers.0.{k}": v for k, v in layer.items()}, "norm.weight": (32,),
+                "draft_vocab_ids": (50,)}
+    assert {name: tuple(t.shape) for name, t in model.state_dict().items()} == expected
+    same = make(llama_target, dtype=torch.float32, num_layers=1, copy_ngram=3, copy_gate=True, draft_vocab_size=50,
+                hidden_size=llama_target.hidden_size)
+    assert same.out_proj is None and same.state_dict().keys() == model.state_dict().keys()
+    # A config.json from before the field: no hidden_size key.
+    path = model.save_pretrained(tmp_path / "old")
+    data = json.loads((path / "config.json").read_text())
+    del data["hidden_size"]
+    (path / "config.json").write_text(json.dumps(data))
+    loaded = DrafterModel.from_pretrained(path, llama_target)
+    assert loaded.config.hidden_size == llama_target.hidden_size and loaded.out_proj is None
+    features, tokens = sequence(llama_target, 30, dtype=torch.float32)
+    anchors = torch.tensor([[4, 17, 26]])
+    assert torch.equal(loaded.train_forward(features, tokens, anchors), model.train_forward(features, tokens, anchors))
+
+    from hyflash.drafters.loading import read_config, read_weights
+    from hyflash.drafters.registry import shipped_drafter_path
+
+    shipped = shipped_drafter_path("smollm2-135m")
+    assert "hidden_size" not in json.loads((shipped / "config.json").read_text())
+    config = read_config(shipped)
+
+    class Signature:  # enough of SmolLM2 to build its drafter and load the weights (no forward pass)
+        name = "smollm2-135m"
+
+        def signature(self):
+            return config.signature()
+
+    drafter = DrafterModel(config, Signature())
+    assert config.hidden_size == config.target_hidden_size == 576 and drafter.out_proj is None
+    drafter.load_state_dict(read_weights(shipped), strict=True)
 
 
 def _corrupt(path, what):
@@ -116,7 +196,13 @@ def test_cli_new_and_info(llama_target, tmp_path, monkeypatch, capsys):
     assert info["param_count"] == DrafterModel.from_pretrained(out, llama_target).param_count()
     assert len(set(info["draft_memory_bytes"].values())) == 1  # constant in context length
     assert main(["drafter", "info", str(out), "--context", "100"]) == 0
-    assert "draft memory" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "draft memory" in text and "width 32, block 5" in text
+    narrow = tmp_path / "narrow"
+    assert main(["drafter", "new", "--kind", "hyflash", "--hidden-size", "16", "--model", "tiny",
+                 "--out", str(narrow)]) == 0
+    assert main(["drafter", "info", str(narrow), "--context", "16"]) == 0
+    assert "width 16 (projected to the target's 32 for its LM head)" in capsys.readouterr().out
     assert main(["drafter", "info", str(out), "--context", "x"]) == 2
     assert main(["drafter", "info", str(tmp_path / "missing")]) == 2
     assert "no drafter folder" in capsys.readouterr().err

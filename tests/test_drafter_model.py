@@ -38,6 +38,18 @@ def make(target, dtype=torch.float64, seed=0, **overrides):
     return model
 
 
+def _with_copy_weights(model, seed=0, scale=0.5):
+    """Random, large copy weights: the copy input must change the draft for the tests to see it."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        model.copy_proj.weight.copy_(torch.randn(model.copy_proj.weight.shape, generator=g) * scale)
+        model.copy_length.weight.copy_(torch.randn(model.copy_length.weight.shape, generator=g) * scale)
+        if model.config.copy_gate:
+            model.copy_gate.weight.copy_(torch.randn(model.copy_gate.weight.shape, generator=g) * scale)
+            model.copy_gate.bias.fill_(4 * scale)
+    return model
+
+
 def sequence(target, T, seed=0, dtype=torch.float64):
     g = torch.Generator().manual_seed(seed)
     features = torch.randn(1, T, len(target.feature_layers), target.hidden_size, generator=g, dtype=dtype)
@@ -157,6 +169,73 @@ def test_param_counts_nearly_equal_across_kinds(llama_target):
     assert counts["memory"] == counts["hyflash"]
     # The borrowed target embedding / LM head are not parameters of the drafter.
     assert all(p.shape[0] != llama_target.vocab_size for p in make(llama_target).parameters())
+
+
+@pytest.mark.parametrize("kind", ["hyflash", "full"])
+def test_a_narrow_drafter_computes_one_function_on_every_path(llama3_target, kind):
+    """hidden_size H/2: the fusion, the embeddings' projections and the layers work at H/2 and out_proj maps
+    the result to the head's width H. The one-anchor oracle, training's pass and the inference state (fast and
+    general) agree, with a copy input, its gate and the pointer."""
+    H = llama3_target.hidden_size
+    model = _with_copy_weights(make(llama3_target, kind=kind, hidden_size=H // 2, copy_ngram=3, copy_gate=True,
+                                    draft_vocab_size=30))
+    model.set_draft_vocab(torch.arange(30))  # ids 30.. are outside: the pointer reaches them
+    assert model.out_proj.weight.shape == (H, H // 2) and model.layers[0].q_proj.weight.shape[1] == H // 2
+    features, tokens = sequence(llama3_target, 48)
+    tokens = tokens % 6  # a small alphabet: suffix matches of every length, so the copy input is used
+    anchors = torch.tensor([[1, 4, 9, 12, 13, 20, 29, 40, 46]])
+    copy = model.copy_inputs(tokens, anchors)
+    assert (copy[1] > 1).any()
+    hidden = model.train_forward(features, tokens, anchors, copy)
+    assert hidden.shape == (1, anchors.shape[1], 4, H)  # out_proj's output: what the head reads
+    logits = model.block_logits(hidden, copy[0])
+    g = torch.Generator().manual_seed(1)
+    for j, a in enumerate(anchors[0].tolist()):
+        torch.testing.assert_close(hidden[0, j], reference.anchor_forward(model, features[0], tokens[0], a),
+                                   atol=1e-10, rtol=1e-10)
+        for fast in (True, False):
+            state = DrafterState(model, fast=fast)
+            assert (state.fast is not None) == fast
+            _ingest_in_pieces(state, features[0], tokens[0], a, g)
+            last = int(tokens[0, a])
+            inferred = state.block_hidden(last, state.copy_candidates(last))
+            torch.testing.assert_close(inferred, hidden[0, j], atol=1e-10, rtol=1e-10)
+            with torch.inference_mode():
+                inferred_logits = model.block_logits(inferred, copy[0][0, j])
+            torch.testing.assert_close(inferred_logits, logits[0, j])  # float32 logits
+
+
+def test_a_narrow_drafter_has_the_parameters_its_width_gives(llama3_target):
+    """Parameter count = the formula in docs/drafters.md ("Width"), at the target's width (no out_proj) and at
+    half of it, where the default heads and MLP width follow the drafter's width, not the target's."""
+    H, nF, n = llama3_target.hidden_size, len(llama3_target.feature_layers), 3
+
+    def expected(cfg) -> int:
+        N, h, d, inner = cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.intermediate_size
+        # norms, q/k/v/o, q/k norms, SwiGLU MLP, memory gates (2 per head) and read gate (1 per head), with biases
+        layer = 2 * N + 4 * N * h * d + 2 * d + 3 * N * inner + 3 * h * (N + 1)
+        fusion = nF * H + nF * H * N + N
+        slots = H * N + N * N + N  # anchor_proj, context_proj, mask vector
+        copy = H * N + (n + 1) * N + H + 1  # copy_proj, match lengths, gate (it reads width H)
+        out = N * H if N != H else 0
+        return fusion + slots + copy + cfg.num_layers * layer + N + out
+
+    overrides = dict(kind="hyflash", num_layers=1, num_heads=0, copy_ngram=n, copy_gate=True)
+    wide, narrow = make(llama3_target, **overrides), make(llama3_target, hidden_size=H // 2, **overrides)
+    assert (wide.config.hidden_size, wide.config.num_heads, wide.config.intermediate_size) == (H, 4, 128)
+    assert (narrow.config.hidden_size, narrow.config.num_heads, narrow.config.intermediate_size) == (H // 2, 2, 64)
+    assert wide.param_count() == expected(wide.config)
+    assert narrow.param_count() == expected(narrow.config) < wide.param_count()
+
+
+def test_a_narrow_drafter_refuses_what_needs_the_targets_width(llama_target):
+    from hyflash.errors import HyflashError
+
+    for overrides in (dict(slot_inputs=False), dict(mask_token_id=3)):
+        with pytest.raises(HyflashError, match="hidden_size 16 differs"):
+            make(llama_target, hidden_size=16, **overrides)
+    with pytest.raises(HyflashError, match="width 16 is not the target's 32"):
+        make(llama_target, hidden_size=16).init_from_target()
 
 
 def test_train_forward_backward_runs_in_bf16_autocast(llama_target):

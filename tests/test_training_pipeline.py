@@ -357,6 +357,38 @@ def test_run_initialised_from_target_with_survival_weights(llama_target, tmp_pat
     assert len(meta["extra"]["slot_acceptance"]) == 3
 
 
+def test_width_flags_shape_the_trained_drafter(llama_target, tmp_path):
+    """`hyflash train --hidden-size 16 --num-heads 2 --intermediate-size 96` reaches the drafter config: a drafter
+    of half the target's width trains and is exported with its width. An --init drafter keeps its own shape, and
+    layers copied from the target need its width."""
+    import argparse
+
+    from hyflash.drafters.registry import load_drafter
+    from hyflash.flags import dataclass_from_flags
+    from hyflash.training.cli import add_cli
+    from hyflash.training.train import build_drafter, train
+
+    parser = argparse.ArgumentParser()
+    add_cli(parser.add_subparsers())
+    args = parser.parse_args(["train", "--data", "d", "--hidden-size", "16", "--num-heads", "2",
+                              "--intermediate-size", "96"])
+    flags = dataclass_from_flags(TrainConfig, args, data=args.data)
+    width = {name: getattr(flags, name) for name in ("hidden_size", "num_heads", "intermediate_size")}
+    assert width == {"hidden_size": 16, "num_heads": 2, "intermediate_size": 96}
+    data = _tiny_data(llama_target, tmp_path / "d")
+    config = _small_run(tmp_path / "d", tmp_path / "run", steps=2, eval_prompts=0, **width)
+    drafter = load_drafter(train(config, progress=False, target=llama_target), llama_target, int8=False)
+    shape = drafter.config
+    assert (shape.hidden_size, shape.num_heads, shape.intermediate_size) == (16, 2, 96)
+    assert drafter.model.out_proj.weight.shape == (llama_target.hidden_size, 16)
+    records = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert all(np.isfinite(r["loss"]) for r in records if "loss" in r)
+    with pytest.raises(HyflashError, match="--init drafter keeps its own"):
+        TrainConfig(init="runs/x/drafter", hidden_size=16)
+    with pytest.raises(HyflashError, match="cannot be copied"):
+        build_drafter(replace(config, init_from_target=True), llama_target, data)
+
+
 def test_default_drafter_resolution():
     from hyflash.drafters.registry import SHIPPED_DRAFTERS, shipped_drafter_path
 

@@ -19,6 +19,8 @@ def add_cli(subparsers) -> None:
     new = sub.add_parser("new", help="create an untrained drafter for a target model")
     new.add_argument("--kind", required=True, choices=KINDS)
     new.add_argument("--layers", type=int, default=defaults.num_layers, help="drafter decoder layers")
+    new.add_argument("--hidden-size", type=int, default=defaults.hidden_size,
+                     help="the drafter's width (default: the target's hidden size)")
     new.add_argument("--window", type=int, default=defaults.window, help="local attention window (local, hyflash)")
     new.add_argument("--memory", default=defaults.memory_rule, choices=MEMORY_RULES, help="memory update rule")
     new.add_argument("--block-size", type=int, default=defaults.block_size, help="anchor + draft slots")
@@ -63,6 +65,7 @@ def cmd_new(args) -> int:
         target,
         kind=args.kind,
         num_layers=args.layers,
+        hidden_size=args.hidden_size,
         window=args.window,
         memory_rule=args.memory,
         block_size=args.block_size,
@@ -163,7 +166,10 @@ def cmd_info(args) -> int:
         print(json.dumps(out))
         return 0
     c = config
-    print(f"drafter {path}: kind {c.kind}, {c.num_layers} layer(s), block {c.block_size}, "
+    width = f"width {c.hidden_size}"
+    if c.has_out_proj:
+        width += f" (projected to the target's {c.target_hidden_size} for its LM head)"
+    print(f"drafter {path}: kind {c.kind}, {c.num_layers} layer(s), {width}, block {c.block_size}, "
           f"heads {c.num_heads}x{c.head_dim}, mlp {c.intermediate_size}")
     if c.kind in ("local", "hyflash"):
         print(f"  window {c.window} (+ up to {c.chunk_size - 1} not yet evicted)")

@@ -32,9 +32,12 @@ class DrafterConfig:
     window: int = 64  # local attention window (local, hyflash); ignored by full and memory
     memory_rule: str = "gated_delta"  # linear | gated | delta | gated_delta (memory, hyflash)
     chunk_size: int = 16  # eviction chunk: tokens are folded into the memory this many at a time
-    num_heads: int = 0  # attention heads = memory heads; 0 = hidden // head_dim
+    # The drafter's own width; 0 = the target's hidden size. Narrower than the target, it projects the fused
+    # features and the target's embeddings down to it and its output back up to the LM head (`out_proj`).
+    hidden_size: int = 0
+    num_heads: int = 0  # attention heads = memory heads; 0 = hidden_size // head_dim
     head_dim: int = 64  # attention head size = memory key and value size (state head_dim x head_dim)
-    intermediate_size: int = 0  # MLP width; 0 = 8/3 hidden rounded up to a multiple of 64
+    intermediate_size: int = 0  # MLP width; 0 = 8/3 hidden_size rounded up to a multiple of 64
     memory_combine: str = "gate"  # gate: attn + sigmoid(W x) * memory per head | sum: attn + memory
     slot_inputs: bool = True  # add the anchor embedding and last context feature to every block slot
     # Copy input (hyflash.drafters.copy): 0 = off; n > 0 = every slot also gets the token that the longest
@@ -69,7 +72,8 @@ class DrafterConfig:
         need(self.window >= 1 or self.kind in ("full", "memory"), f"window must be >= 1, got {self.window}")
         need(self.chunk_size >= 1, f"chunk_size must be >= 1, got {self.chunk_size}")
         need(self.head_dim >= 2 and self.head_dim % 2 == 0, f"head_dim must be even, got {self.head_dim}")
-        need(self.num_heads >= 0 and self.intermediate_size >= 0, "num_heads and intermediate_size must be >= 0")
+        need(min(self.hidden_size, self.num_heads, self.intermediate_size) >= 0,
+             "hidden_size, num_heads and intermediate_size must be >= 0")
         need(self.draft_vocab_size is None or self.draft_vocab_size >= 1, "draft_vocab_size must be >= 1")
         need(0 <= self.copy_ngram <= 16, f"copy_ngram must be in 0..16 (0 = no copy input), got {self.copy_ngram}")
         need(not self.copy_gate or self.copy_ngram > 0, "copy_gate needs a copy input (copy_ngram > 0)")
@@ -84,6 +88,12 @@ class DrafterConfig:
     def has_pointer(self) -> bool:
         """Whether the output has a pointer column: a copy input with a reduced draft vocabulary."""
         return self.copy_ngram > 0 and self.draft_vocab_size is not None
+
+    @property
+    def has_out_proj(self) -> bool:
+        """Whether the drafter's width differs from the target's: its output then reaches the target's LM head
+        through `out_proj`, and target embeddings reach it only through projections."""
+        return self.hidden_size != self.target_hidden_size
 
     @property
     def attention_window(self) -> int | None:
@@ -127,10 +137,17 @@ class DrafterConfig:
         return config.resolved()
 
     def resolved(self) -> "DrafterConfig":
-        """Fill the automatic sizes (0) from the target's hidden size."""
-        hidden = self.target_hidden_size
-        if hidden <= 0:
+        """Fill the automatic sizes (0): the width from the target's hidden size, the rest from the width."""
+        if self.target_hidden_size <= 0:
             raise HyflashError("bad drafter config: target_hidden_size is not set (build it with for_target)")
+        self.hidden_size = self.hidden_size or self.target_hidden_size
+        hidden = self.hidden_size
+        if self.has_out_proj and not (self.slot_inputs and self.mask_token_id is None):
+            # The anchor's and the mask token's embeddings have the target's width: such a drafter can take in the
+            # anchor only through anchor_proj (a slot input) and needs a mask vector of its own width.
+            raise HyflashError(f"bad drafter config: hidden_size {hidden} differs from the target's "
+                               f"{self.target_hidden_size}, which needs slot_inputs and a learned mask "
+                               "(mask_token_id None)")
         if self.num_heads == 0:
             self.head_dim = min(self.head_dim, hidden - hidden % 2)
             self.num_heads = max(1, hidden // self.head_dim)

@@ -81,8 +81,8 @@ class FastLayer(nn.Module):
                                   layer.k_norm.weight.detach().expand(self.heads, -1)])  # [2 heads, d]
 
     def forward(self, x, cos, sin, ctx_k, ctx_v, state):
-        """x [S, H] at positions whose table rows are cos/sin [S, 1, d]; ctx_k (rotated) / ctx_v [heads, L, d];
-        state [heads, dk, dv] or None -> x [S, H]."""
+        """x [S, D] at positions whose table rows are cos/sin [S, 1, d]; ctx_k (rotated) / ctx_v [heads, L, d];
+        state [heads, dk, dv] or None -> x [S, D]."""
         S, h, d, n = x.shape[0], self.heads, self.head_dim, self.norms
         qkv = self.qkv(F.rms_norm(x, x.shape[-1:], n["attn_norm"], self.eps))
         # q and k sit at the same positions: one norm (their weights side by side) and one rotation for both.
@@ -123,6 +123,7 @@ class FastDraft(nn.Module):
             self.copy_proj = frozen_linear(model.copy_proj.weight.detach())
             self.copy_length = model.copy_length.weight.detach().clone()
         self.norm = model.norm.weight.detach()
+        self.out_proj = model.out_proj  # None at the target's width
         self.mask_rows = model.mask_vector().detach().to(self.norm).expand(cfg.block_size - 1, -1).clone()
         p = model.norm.weight
         self.rope = RopeTables(cfg.head_dim, cfg.rope_theta, p.dtype, p.device)
@@ -139,11 +140,11 @@ class FastDraft(nn.Module):
         return self
 
     def hidden(self, state, last_token: int, copy=None) -> torch.Tensor:
-        """Final hidden states [block_size - 1, H] of the block at position `state.length` (as
+        """Final hidden states [block_size - 1, H] (the head's width) of the block at position `state.length` (as
         `DrafterState.block_hidden` computes them with the general path); copy: (candidates [S-1], match
         length) for a drafter with a copy input."""
         S = self.block_size
-        emb = self.model[0].embed(torch.tensor([last_token], device=self.norm.device))  # [1, H]
+        emb = self.model[0].embed(torch.tensor([last_token], device=self.norm.device))  # [1, H]: the target's width
         rows = self.mask_rows
         if self.copy_proj is not None:
             candidates, length = copy
@@ -151,9 +152,9 @@ class FastDraft(nn.Module):
             if has.any():  # rows without a candidate add nothing (as `DrafterModel.copy_input` masks them)
                 extra = self.copy_proj(self.model[0].embed(candidates.clamp_min(0))) + self.copy_length[length]
                 rows = rows + extra * has[:, None].to(extra)
-        x = torch.cat([emb, rows])
+        x = torch.cat([self.model[0].anchor_slot(emb), rows])  # [S, D]: the drafter's
         if self.slot_proj is not None:
-            x = x + self.slot_proj(torch.cat([emb, state.last_feature.to(emb)[None]], -1))  # [1, H]
+            x = x + self.slot_proj(torch.cat([emb, state.last_feature.to(emb)[None]], -1))  # [1, D]
         cos, sin = self.rope.rows(state.length, state.length + S)
         live = state.length - state.start
         # Window keys: the state's copy rotated at ingest; full keeps its keys rotated at ingest anyway.
@@ -162,4 +163,5 @@ class FastDraft(nn.Module):
             ctx_k = keys[i][:live]
             memory_state = state.states[i] if state.states else None
             x = layer(x, cos, sin, ctx_k.transpose(0, 1), state.values[i][:live].transpose(0, 1), memory_state)
-        return F.rms_norm(x[1:], x.shape[-1:], self.norm, self.eps)
+        x = F.rms_norm(x[1:], x.shape[-1:], self.norm, self.eps)
+        return x if self.out_proj is None else self.out_proj(x)

@@ -1,9 +1,9 @@
 """Building blocks of the drafter: feature fusion, RoPE, and one decoder layer that reads a context.
 
-A layer sees a draft block x [B, A, S, H] (A blocks per sequence, S = block_size slots) and, per block, a
-`LayerContext`: the context keys/values it may attend to (already RoPE'd at their absolute positions, with
-a validity mask) and, for memory kinds, the recurrent state of the older prefix. Attention runs over
-[context; block] with no causal mask inside the block; blocks never see each other.
+A layer sees a draft block x [B, A, S, H] (A blocks per sequence, S = block_size slots, H the drafter's width
+`hidden_size`) and, per block, a `LayerContext`: the context keys/values it may attend to (already RoPE'd at
+their absolute positions, with a validity mask) and, for memory kinds, the recurrent state of the older prefix.
+Attention runs over [context; block] with no causal mask inside the block; blocks never see each other.
 """
 
 from __future__ import annotations
@@ -40,13 +40,13 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor
 
 
 class FeatureFusion(nn.Module):
-    """Target features [..., nF, H] -> context feature [..., H]: RMSNorm per target layer (their scales differ
-    by 10x and more), one Linear over the concatenation, RMSNorm."""
+    """Target features [..., nF, H] -> context feature [..., hidden] (the drafter's width): RMSNorm per target
+    layer (their scales differ by 10x and more), one Linear over the concatenation, RMSNorm."""
 
-    def __init__(self, num_features: int, hidden: int, eps: float):
+    def __init__(self, num_features: int, feature_size: int, hidden: int, eps: float):
         super().__init__()
-        self.layer_norm_weight = nn.Parameter(torch.ones(num_features, hidden))
-        self.proj = nn.Linear(num_features * hidden, hidden, bias=False)
+        self.layer_norm_weight = nn.Parameter(torch.ones(num_features, feature_size))
+        self.proj = nn.Linear(num_features * feature_size, hidden, bias=False)
         self.norm = nn.RMSNorm(hidden, eps=eps)
         self.eps = eps
 
@@ -91,7 +91,7 @@ class LayerContext:
 class DrafterLayer(nn.Module):
     def __init__(self, config: DrafterConfig):
         super().__init__()
-        H, h, d = config.target_hidden_size, config.num_heads, config.head_dim
+        H, h, d = config.hidden_size, config.num_heads, config.head_dim
         self.config = config
         self.attn_norm = nn.RMSNorm(H, eps=config.rms_eps)
         self.q_proj = nn.Linear(H, h * d, bias=False)

@@ -4,6 +4,9 @@ A block anchored at position a is [tokens[a], MASK, ..., MASK] at positions a..a
 of positions < a only (the feature of position a does not exist yet at draft time), and slot k predicts
 tokens[a+k]. With `slot_inputs`, every slot also gets a projection of the anchor's embedding and of the
 fused feature of position a-1. The target's embedding and LM head are borrowed frozen and never saved.
+The drafter's width (`config.hidden_size`, D below) may be below the target's H: the fusion, the
+embeddings' projections and every layer work at D, and `out_proj` maps the final hidden states to H for the
+head, so the hidden states this module hands out always have the head's width H.
 
 `train_forward` runs many anchors per sequence in one pass; `hyflash.drafters.state.DrafterState` runs the
 same layers incrementally at inference; `hyflash.drafters.reference` is the one-anchor-at-a-time oracle.
@@ -31,26 +34,29 @@ class DrafterModel(nn.Module):
         loading.check_target(config, target)
         self.config = config
         self.target = target  # a plain attribute: its weights are neither parameters nor saved
-        H = config.target_hidden_size
-        self.fusion = FeatureFusion(len(config.feature_layers), H, config.rms_eps)
+        H, D = config.target_hidden_size, config.hidden_size  # the target's width (embeddings, head), the drafter's
+        self.fusion = FeatureFusion(len(config.feature_layers), H, D, config.rms_eps)
         self.mask_embedding = None
         if config.mask_token_id is None:
-            self.mask_embedding = nn.Parameter(torch.randn(H) * 0.02)
+            self.mask_embedding = nn.Parameter(torch.randn(D) * 0.02)
         if config.slot_inputs:
-            self.anchor_proj = nn.Linear(H, H, bias=False)
-            self.context_proj = nn.Linear(H, H, bias=False)
+            self.anchor_proj = nn.Linear(H, D, bias=False)
+            self.context_proj = nn.Linear(D, D, bias=False)
         if config.copy_ngram:
             # Zero at the start: a drafter given a copy input later computes exactly what it did without it.
-            self.copy_proj = nn.Linear(H, H, bias=False)
-            self.copy_length = nn.Embedding(config.copy_ngram + 1, H)
+            self.copy_proj = nn.Linear(H, D, bias=False)
+            self.copy_length = nn.Embedding(config.copy_ngram + 1, D)
             nn.init.zeros_(self.copy_proj.weight)
             nn.init.zeros_(self.copy_length.weight)
-        if config.copy_gate:  # zero too: no bonus until trained
+        if config.copy_gate:  # zero too: no bonus until trained; it reads what the head reads (width H)
             self.copy_gate = nn.Linear(H, 1)
             nn.init.zeros_(self.copy_gate.weight)
             nn.init.zeros_(self.copy_gate.bias)
         self.layers = nn.ModuleList(DrafterLayer(config) for _ in range(config.num_layers))
-        self.norm = nn.RMSNorm(H, eps=config.rms_eps)
+        self.norm = nn.RMSNorm(D, eps=config.rms_eps)
+        # Only at another width than the target's: a drafter of the target's width keeps the parameters (and
+        # checkpoints) it always had.
+        self.out_proj = nn.Linear(D, H, bias=False) if config.has_out_proj else None
         vocab = None if config.draft_vocab_size is None else torch.arange(config.draft_vocab_size)
         self.register_buffer("draft_vocab_ids", vocab)  # draft index -> target token id (None = identity)
         self._head_cache = None
@@ -107,6 +113,7 @@ class DrafterModel(nn.Module):
         from torch.ao.quantization import quantize_dynamic
 
         self._float_param_count = self.param_count()
+        # The head reads the final hidden states at its own width H (after out_proj, which is quantised below).
         head = nn.Linear(self.config.target_hidden_size, 1, bias=False)
         head.weight = nn.Parameter(self._head_weight().detach().float(), requires_grad=False)
         with warnings.catch_warnings():  # torch.ao's deprecation notice is for library authors, not users
@@ -155,12 +162,21 @@ class DrafterModel(nn.Module):
             return self.mask_embedding
         return self.embed(torch.tensor(self.config.mask_token_id))
 
+    def anchor_slot(self, emb: torch.Tensor) -> torch.Tensor:
+        """The anchor slot's own row from the anchor's embedding emb [..., H]: the embedding itself, or at
+        another width than the target's, where it cannot be added, zeros [..., D] (the anchor then reaches
+        this slot, like every other, through anchor_proj)."""
+        if self.out_proj is None:
+            return emb
+        return emb.new_zeros(*emb.shape[:-1], self.config.hidden_size)
+
     def block_inputs(self, anchor_tokens: torch.Tensor, last_context: torch.Tensor, copy=None) -> torch.Tensor:
-        """anchor_tokens [B, A], last_context [B, A, H] (fused feature of position a-1), copy (candidates
-        [B, A, S-1], match lengths [B, A]) or None -> x [B, A, S, H]."""
+        """anchor_tokens [B, A], last_context [B, A, D] (fused feature of position a-1), copy (candidates
+        [B, A, S-1], match lengths [B, A]) or None -> x [B, A, S, D]."""
         emb = self.embed(anchor_tokens)
-        B, A, H = emb.shape
-        x = torch.cat([emb[:, :, None], self.mask_vector().expand(B, A, self.config.block_size - 1, H)], 2)
+        first = self.anchor_slot(emb)
+        B, A, D = first.shape
+        x = torch.cat([first[:, :, None], self.mask_vector().expand(B, A, self.config.block_size - 1, D)], 2)
         if self.config.slot_inputs:
             x = x + (self.anchor_proj(emb) + self.context_proj(last_context))[:, :, None]
         if self.config.copy_ngram:
@@ -177,7 +193,7 @@ class DrafterModel(nn.Module):
 
     def copy_input(self, candidates: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """What each draft slot adds: a projection of its candidate's embedding plus a vector per match length,
-        nothing where it has no candidate. candidates [..., S-1], lengths [...] -> [..., S-1, H]."""
+        nothing where it has no candidate. candidates [..., S-1], lengths [...] -> [..., S-1, D]."""
         has = (candidates >= 0)[..., None]
         extra = self.copy_proj(self.embed(candidates.clamp_min(0))) + self.copy_length(lengths)[..., None, :]
         return extra * has
@@ -213,9 +229,11 @@ class DrafterModel(nn.Module):
         return LayerContext(k.transpose(-2, -3), v.transpose(-2, -3), valid, state)
 
     def blocks_forward(self, x, positions, contexts: list[LayerContext]) -> torch.Tensor:
+        """Block inputs x [..., S, D] -> final hidden states [..., S, H], ready for the LM head."""
         for layer, ctx in zip(self.layers, contexts):
             x = layer(x, positions, ctx)
-        return self.norm(x)
+        x = self.norm(x)
+        return x if self.out_proj is None else self.out_proj(x)
 
     # ----- training ------------------------------------------------------------------------------------
     def train_forward(self, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor,
@@ -226,7 +244,7 @@ class DrafterModel(nn.Module):
         cfg = self.config
         B, T = tokens.shape
         anchors = anchors.long().to(tokens.device)
-        c = self.fusion(features.to(self.dtype))  # [B, T, H]
+        c = self.fusion(features.to(self.dtype))  # [B, T, D]
         batch = torch.arange(B, device=c.device)[:, None]
         last = c[batch, (anchors - 1).clamp_min(0)] * (anchors > 0)[..., None]
         if cfg.copy_ngram and copy is None:
@@ -277,6 +295,10 @@ class DrafterModel(nn.Module):
         inputs, mask vector, memory gates) keep their random initialisation. Deterministic: every process
         of a data-parallel run gets the same weights."""
         where = f"--init-from-target ({getattr(self.target, 'name', 'the target')})"
+        if self.config.has_out_proj:  # every copied weight has the target's width
+            raise HyflashError(f"{where}: the drafter's width {self.config.hidden_size} is not the target's "
+                               f"{self.config.target_hidden_size}, so its layers cannot be copied: leave out "
+                               "--hidden-size or --init-from-target")
         model = getattr(self.target, "model", None)
         decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
         layers = getattr(decoder, "layers", None)

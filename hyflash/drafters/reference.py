@@ -58,13 +58,15 @@ def window_start(config, n: int) -> int:
 
 @torch.no_grad()
 def anchor_forward(model, features: torch.Tensor, tokens: torch.Tensor, anchor: int) -> torch.Tensor:
-    """One block anchored at `anchor` of one sequence (features [T, nF, H], tokens [T]) -> hidden [S-1, H]."""
+    """One block anchored at `anchor` of one sequence (features [T, nF, H], tokens [T]) -> hidden [S-1, H] (the
+    head's width; the drafter works at its own width D = hidden_size in between)."""
     cfg = model.config
     a, S, d = anchor, cfg.block_size, cfg.head_dim
     c = model.fusion(features.to(model.dtype))[:a]  # only positions before the anchor exist at draft time
     start = window_start(cfg, a)
-    emb = model.embed(tokens[a])
-    rows = [emb] + [model.mask_vector()] * (S - 1)
+    emb = model.embed(tokens[a])  # [H]
+    narrow = cfg.hidden_size != cfg.target_hidden_size  # then the embedding has no place of its own in a row
+    rows = [emb.new_zeros(cfg.hidden_size) if narrow else emb] + [model.mask_vector()] * (S - 1)
     if cfg.slot_inputs:
         extra = model.anchor_proj(emb) + model.context_proj(c[a - 1])
         rows = [r + extra for r in rows]
@@ -100,4 +102,5 @@ def anchor_forward(model, features: torch.Tensor, tokens: torch.Tensor, anchor: 
                 out[s] = out[s] + read
         x = x + layer.o_proj(out.flatten(-2))
         x = x + layer.mlp(layer.mlp_norm(x))
-    return model.norm(x)[1:]
+    hidden = model.norm(x)[1:]
+    return model.out_proj(hidden) if narrow else hidden

@@ -60,7 +60,7 @@ class DrafterState(Drafter):
             dv = memory.value_dim(d, cfg.memory_rule)
             state_dtype = torch.promote_types(p.dtype, torch.float32)
             self.states = [torch.zeros(heads, d, dv, dtype=state_dtype, device=p.device) for _ in self.model.layers]
-        self.last_feature = p.new_zeros(cfg.target_hidden_size)
+        self.last_feature = p.new_zeros(cfg.hidden_size)  # a fused feature: the drafter's width
         # The copy input searches every verified token (like the n-gram drafter's history: 4 bytes a token).
         self.history = torch.empty(0, dtype=torch.int32) if cfg.copy_ngram else None
 
@@ -86,7 +86,7 @@ class DrafterState(Drafter):
         if self.history is not None:
             self.history = torch.cat([self.history, tokens.detach().to("cpu", torch.int32).view(-1)])
         cfg = self.config
-        c = self.model.fusion(features.to(self.model.norm.weight))  # [n, H]
+        c = self.model.fusion(features.to(self.model.norm.weight))  # [n, D]
         length = self.length + n_new
         start = cfg.memory_start(length)
         folded = start - self.start  # whole chunks leaving the window now

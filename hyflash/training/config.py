@@ -23,6 +23,9 @@ class TrainConfig:
     # ----- the drafter -----
     kind: str = "hyflash"
     num_layers: int = 1
+    hidden_size: int = 0  # the drafter's width; 0 = the target's (narrower: fewer parameters, cheaper steps)
+    num_heads: int = 0  # 0 = hidden_size // 64
+    intermediate_size: int = 0  # MLP width; 0 = 8/3 hidden_size rounded up to a multiple of 64
     block_size: int = 8
     window: int = 64
     chunk_size: int = 16
@@ -88,6 +91,8 @@ class TrainConfig:
         need(self.slot_weights in ("exp", "survival"), f"slot_weights must be exp or survival, got {self.slot_weights!r}")
         need(not (self.init and self.init_from_target),
              "--init (a trained drafter) and --init-from-target (the target's layers) exclude each other")
+        need(not (self.init and (self.hidden_size or self.num_heads or self.intermediate_size)),
+             "--hidden-size, --num-heads and --intermediate-size shape a new drafter: an --init drafter keeps its own")
         need(self.steps >= 1 and self.batch_size >= 1 and self.anchors >= 1, "steps, batch_size, anchors must be >= 1")
         need(self.block_size >= 2, f"block_size must be >= 2, got {self.block_size}")
         need(self.max_length > self.block_size, "max_length must exceed block_size")
@@ -144,6 +149,9 @@ class TrainConfig:
         return {
             "kind": self.kind,
             "num_layers": self.num_layers,
+            "hidden_size": self.hidden_size,
+            "num_heads": self.num_heads,
+            "intermediate_size": self.intermediate_size,
             "block_size": self.block_size,
             "window": self.window,
             "chunk_size": self.chunk_size,
