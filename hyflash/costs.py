@@ -138,23 +138,26 @@ class LiveCosts:
         return 1.0 if self.curve is None else self._calibrated(q, context) * self._factor(q)
 
     def plain_ms(self, context: int) -> float:
-        """A plain decoding step's pass (feature-free): corrected by the plain passes measured, else by the
-        one-token passes measured, else as calibrated. Never inferred from longer passes: if only those were
-        measured slower than calibrated, the machine may have slowed or the curve may be wrong in its shape,
-        and only a plain step tells which (the guard's fall-back takes those steps)."""
+        """A plain decoding step's pass (feature-free): corrected by the plain passes measured (plain steps, and
+        one-token passes without features), else as calibrated. Never inferred from other passes: longer ones
+        may be slower for the curve's shape, and one-token passes with features for the eval callback, whose
+        cost grows with the context on llama.cpp (at 6k tokens: ~36 ms a pass against ~25 plain, where the
+        curve, timed at up to 4k, says 0.8 ms more), so a guard that read plain steps off them kept a drafter
+        that made the generation 20% slower."""
         if self.curve is None:
             return 1.0
-        factor = next((f for f in (self.plain_factor.value, self.factor[0].value) if f is not None), 1.0)
-        return self.curve.plain(context) * factor
+        return self.curve.plain(context) * (self.plain_factor.value or 1.0)
 
     def record(self, q: int, context: int, times: StepTimes, tokens: int, proposed: bool | None) -> None:
         """One step: a q-token pass at `context` committing `tokens`; proposed: None (the drafter did not run:
         a plain step), else whether its expensive part did."""
         if self.curve is None or times.verify <= 0:  # no curve to correct, or a clock that did not tick
             return
-        if proposed is None:
+        if proposed is None or (q == 1 and not self.features):
+            # A plain step, or a one-token pass without features (the n-gram lookup found nothing worth
+            # verifying): what plain decoding's pass costs here.
             self.plain_factor.add(times.verify / self.curve.plain(context))
-        else:
+        if proposed is not None:
             self.factor[_bucket(q)].add(times.verify / self._calibrated(q, context))
         if proposed is not None:  # (zero readings, here too, are a clock that did not tick: no information)
             if times.draft > 0:

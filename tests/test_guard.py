@@ -37,6 +37,19 @@ def test_measured_passes_correct_their_own_bucket_and_plain_steps_are_never_infe
     assert live.pass_ms(4, 0) == 16 and live.plain_ms(0) == 9
 
 
+def test_plain_steps_are_never_read_off_one_token_passes_that_record_features():
+    """On llama.cpp at 6k tokens the eval callback made each one-token pass with features ~40% dearer than a plain
+    step, where the curve said 4%: a plain step estimated from those passes hid every loss from the guard."""
+    live = LiveCosts(curve([10, 12], plain=9.5))
+    for _ in range(20):  # the drafter is in use: its features cost 4 ms a pass more than calibrated
+        live.record(1, 0, StepTimes(draft=0.5, verify=14.0, total=14.5), tokens=1, proposed=False)
+    assert live.pass_ms(1, 0) == pytest.approx(14.0) and live.plain_ms(0) == 9.5
+    live.features = False  # the drafter retired: one-token passes are plain passes now
+    for _ in range(20):
+        live.record(1, 0, StepTimes(draft=0.2, verify=11.0, total=11.2), tokens=1, proposed=False)
+    assert live.plain_ms(0) == pytest.approx(11.0)
+
+
 def test_the_drafters_own_time_is_measured_per_source_and_a_clock_that_did_not_tick_measures_nothing():
     live = LiveCosts(curve([10, 12], plain=10, draft_ms=0.5))
     assert live.draft_ms() == 0.5  # calibrated until measured
