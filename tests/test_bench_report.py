@@ -59,4 +59,4 @@ def test_prompt_ratios_pair_each_repeat_and_take_the_ratio_of_medians():
     [row] = prompt_ratios(results, "default")
     assert row["ratio"] == pytest.approx(2.0 / 1.6)
     assert row["repeat_ratios"] == pytest.approx([2.0 / 1.6, 1.8 / 2.0, 2.4 / 1.5], abs=1e-4)  # pairs, not sorted
-    assert row["fallbacks"] == 1 and row["kind"] == "prose"
+    assert row["fallbacks"] == 1 and row["budget_pauses"] is None and row["kind"] == "prose"

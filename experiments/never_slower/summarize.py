@@ -55,14 +55,14 @@ def markdown(summary: dict) -> str:
                   f"its margin taken {_n(o['median_ceiling_share'], '.0%')}", "",
                   "Ratio: of the median timings of 3 (`--repeats`); each repeat's own ratio (plain's i-th timing against "
                   "the default's i-th, run next to each other) spans the range beside it.", "",
-                  "| T | prompt | context | ratio | per repeat | tau | ceiling | fall-backs | greedy text = plain |",
-                  "|---:|---|---:|---:|---|---:|---:|---:|---|"]
+                  "| T | prompt | context | ratio | per repeat | tau | ceiling | fall-backs | budget pauses | greedy text = plain |",
+                  "|---:|---|---:|---:|---|---:|---:|---:|---:|---|"]
         for r in b["prompts"]:
             same = "–" if r["identical_to_plain"] is None else ("yes" if r["identical_to_plain"] else "**no**")
             spread = r.get("repeat_ratios") or []
             spread = f"{min(spread):.2f}–{max(spread):.2f}" if len(spread) > 1 else "–"
             lines.append(f"| {r['temperature']} | {r['item_id']} | {r['prompt_tokens']} | {r['ratio']:.2f} | {spread} | "
-                         f"{r['tau']:.2f} | {_n(r['speedup_ceiling'], '.2f')} | {_n(r['fallbacks'], 'd')} | {same} |")
+                         f"{r['tau']:.2f} | {_n(r['speedup_ceiling'], '.2f')} | {_n(r['fallbacks'], 'd')} | {_n(r.get('budget_pauses'), 'd')} | {same} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -258,6 +258,7 @@ def prompt_ratios(results: dict, method: str) -> list[dict]:
                      "repeat_ratios": [round(x * r["new_tokens"] / plain["new_tokens"], 4) for x in pairs],
                      "tau": r["tau"],
                      "speedup_ceiling": r.get("speedup_ceiling"), "fallbacks": (r.get("guard") or {}).get("fallbacks"),
+                     "budget_pauses": (r.get("guard") or {}).get("budget_pauses"),
                      "identical_to_plain": r.get("identical_to_plain")})
     return sorted(rows, key=lambda x: (x["temperature"], x["kind"], x["prompt_tokens"]))
 
