@@ -159,7 +159,7 @@ class LiveCosts:
             self.plain_factor.add(times.verify / self.curve.plain(context))
         if proposed is not None:
             self.factor[_bucket(q)].add(times.verify / self._calibrated(q, context))
-        if proposed is not None:  # (zero readings, here too, are a clock that did not tick: no information)
+            # (zero readings, here too, are a clock that did not tick: no information)
             if times.draft > 0:
                 self.propose[proposed].add(times.draft)
             if times.ingest > 0:

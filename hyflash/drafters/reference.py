@@ -65,7 +65,7 @@ def anchor_forward(model, features: torch.Tensor, tokens: torch.Tensor, anchor: 
     c = model.fusion(features.to(model.dtype))[:a]  # only positions before the anchor exist at draft time
     start = window_start(cfg, a)
     emb = model.embed(tokens[a])  # [H]
-    narrow = cfg.hidden_size != cfg.target_hidden_size  # then the embedding has no place of its own in a row
+    narrow = cfg.has_out_proj  # narrower than the target: the embedding has no place of its own in a row
     rows = [emb.new_zeros(cfg.hidden_size) if narrow else emb] + [model.mask_vector()] * (S - 1)
     if cfg.slot_inputs:
         extra = model.anchor_proj(emb) + model.context_proj(c[a - 1])
