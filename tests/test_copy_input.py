@@ -38,6 +38,32 @@ def test_suffix_match_by_hand():
     assert n == 3 and candidates.tolist() == [7, 1, 2, 3, -1]  # runs out at the last known token
 
 
+@settings(max_examples=200, deadline=None)
+@given(tokens=st.lists(st.integers(0, 6), max_size=60), last=st.integers(0, 6), max_ngram=st.integers(1, 6),
+       min_ngram=st.integers(1, 6), slots=st.integers(1, 7), pieces=st.integers(1, 9))
+def test_the_incremental_history_matches_as_the_plain_suffix_match(tokens, last, max_ngram, min_ngram, slots, pieces):
+    """TokenHistory (the decode loop's n-gram lookup and copy input, grown piece by piece) against suffix_match
+    and copy_candidates over the whole sequence: the same match, the same candidates, the same n-gram draft."""
+    from hyflash.drafters.copy import TokenHistory
+    from hyflash.drafters.ngram import NgramDrafter
+
+    min_ngram = min(min_ngram, max_ngram)
+    history = TokenHistory()
+    ngram = NgramDrafter(block_size=slots + 1, max_ngram=max_ngram, min_ngram=min_ngram)
+    for i in range(0, len(tokens), pieces):
+        history.extend(tokens[i : i + pieces])
+        ngram.ingest(torch.tensor(tokens[i : i + pieces], dtype=torch.long))
+    seq = torch.tensor(tokens + [last])
+    start, n = suffix_match(seq, max_ngram, min_ngram)
+    assert history.match(last, max_ngram, min_ngram) == (start, n)
+    want, want_n = copy_candidates(seq, slots, max_ngram)
+    got, got_n = history.copy_candidates(last, slots, max_ngram)
+    assert got_n == want_n and torch.equal(got, want)
+    draft = ngram.draft(last, slots, SamplingConfig())
+    assert draft.tokens.tolist() == (seq[start : start + slots].tolist() if n else [])
+    assert ngram.history.tolist() == tokens
+
+
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 10_000), vocab=st.integers(2, 9), max_ngram=st.integers(1, 16), slots=st.integers(1, 7))
 def test_batched_candidates_equal_the_plain_match(seed, vocab, max_ngram, slots):

@@ -251,6 +251,45 @@ def test_a_target_without_the_eval_callback_decodes_the_same_text(lcpp):
 
 
 @pytest.mark.slow
+def test_the_c_gate_gives_the_python_callbacks_logits_and_features_bit_for_bit(lcpp):
+    """The eval callback's questions answered in C (the default where a compiler exists) against the plain Python
+    callback: the same logits and feature rows, prefill, a scored block and batched streams. Through the gate
+    Python is called only with the wanted nodes' data (3 feature layers a pass), and not at all when a pass
+    records nothing; without it, about every graph node asks Python."""
+    from hyflash.targets.llamacpp import LlamaCppTarget
+
+    class Counting(LlamaCppTarget):
+        def _on_tensor(self, tensor, ask, user_data):
+            self.calls.append(ask)
+            return super()._on_tensor(tensor, ask, user_data)
+
+    gated = Counting.load("smollm2-135m", n_threads=1)
+    reference = Counting.load("smollm2-135m", n_threads=1, eval_gate=False)
+    assert gated.eval_gate, "the C gate did not build here (is there a C compiler?)"
+    assert not reference.eval_gate and "eval_gate" not in reference.identity()
+    assert gated.identity()["eval_gate"] == "c" and gated.numbers_identity() == reference.numbers_identity()
+    ids = lcpp.encode_prompt(PROMPTS[1])
+    block = _random_block(lcpp, 6, 4)
+    for target in (gated, reference):
+        target.calls = []
+    outs = [(t.prefill(ids, features=True), t.score(block, features=True)) for t in (gated, reference)]
+    for g, w in zip(*outs):
+        assert torch.equal(g.logits, w.logits) and torch.equal(g.features, w.features)
+    wanted = 2 * len([i for i in gated.feature_layers if i > 0])
+    assert gated.calls == [False] * wanted and len(reference.calls) > 100 * wanted
+    for target in (gated, reference):
+        target.calls = []
+    plain = [t.score(block[:2], features=False).logits for t in (gated, reference)]
+    assert torch.equal(*plain) and gated.calls == [] and len(reference.calls) > 500
+    streams = [t.open_streams(2, 64, features=True) for t in (gated, reference)]
+    entries = [(tok, pos, slot) for slot in range(2) for pos, tok in enumerate(ids[:5 + slot])]
+    (g_logits, g_feats), (w_logits, w_feats) = (s.decode(entries, [True] * len(entries)) for s in streams)
+    assert torch.equal(g_logits, w_logits) and torch.equal(g_feats, w_feats)
+    for s in streams:
+        s.close()
+
+
+@pytest.mark.slow
 def test_dropping_features_mid_sequence_moves_it_to_the_plain_context_bit_for_bit(lcpp):
     """Issue 36: once the drafter that reads features retires (a guard's fall-back), the sequence moves to the
     context without the eval callback; its later passes give plain decoding's logits exactly."""

@@ -190,15 +190,17 @@ def test_measure_target_and_cache(llama_target, tmp_path, monkeypatch):
 
 def test_calibration_reads_what_features_cost(llama_target, tmp_path, monkeypatch):
     """A target whose passes with features take 3 ms longer: the calibrated feature_ms reads those 3 ms (a
-    feature_ms of 0, the difference taken the wrong way round and clipped, or the pass cost, would not)."""
-    import time
+    feature_ms of 0, the difference taken the wrong way round and clipped, or the pass cost, would not). On a
+    clock of the test's own (a pass: 10 ms, +3 with features), so machine load cannot move it."""
+    import hyflash.calibration as calibration
 
     monkeypatch.setenv("HYFLASH_CACHE", str(tmp_path))
+    now = [0.0]
+    monkeypatch.setattr(calibration, "_clock", lambda: now[0])
     score = llama_target.score
 
     def score_paying_for_features(ids, features=True, **kwargs):
-        if features:
-            time.sleep(0.003)
+        now[0] += 0.010 + (0.003 if features else 0.0)
         return score(ids, features=features, **kwargs)
 
     monkeypatch.setattr(llama_target, "score", score_paying_for_features)

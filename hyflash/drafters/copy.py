@@ -12,6 +12,7 @@ the same for many anchors of many sequences at once, for training (tests hold th
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -25,6 +26,77 @@ def suffix_match(seq: torch.Tensor, max_ngram: int, min_ngram: int = 1) -> tuple
         if len(hits):
             return int(hits[-1]) + n, n
     return -1, 0
+
+
+class TokenHistory:
+    """A growing token sequence that answers `suffix_match(history + [last_token])` in tens of microseconds.
+
+    The decode loop asks this every step (the n-gram lookup, and a HyFlash drafter's copy input); the plain
+    `suffix_match` compares every earlier n-gram for each n, ~0.15 ms at 6k tokens, 1-2% of a llama.cpp step on
+    2 cores. Here one vectorised comparison finds the earlier occurrences of the last token, and only those are
+    extended backwards. Tokens live in a numpy int32 buffer that doubles when full (4-8 bytes a token), so
+    appending is amortised O(1) instead of a copy of the whole history per step. Tests hold it equal to
+    `suffix_match`."""
+
+    def __init__(self) -> None:
+        self._buf = np.empty(256, dtype=np.int32)
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def extend(self, tokens) -> None:
+        new = np.asarray(tokens.detach().cpu() if isinstance(tokens, torch.Tensor) else tokens, dtype=np.int64)
+        new = new.reshape(-1)
+        need = self._len + len(new)
+        if need > len(self._buf):
+            grown = np.empty(max(need, 2 * len(self._buf)), dtype=np.int32)
+            grown[: self._len] = self._buf[: self._len]
+            self._buf = grown
+        self._buf[self._len : need] = new
+        self._len = need
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """The history (a view: copy it to keep it)."""
+        return self._buf[: self._len]
+
+    def nbytes(self) -> int:
+        return self._buf.nbytes
+
+    def match(self, last_token: int, max_ngram: int, min_ngram: int = 1) -> tuple[int, int]:
+        """suffix_match(history + [last_token], max_ngram, min_ngram): (start, n), start indexing that sequence."""
+        h, L = self.tokens, self._len
+        longest = min(max_ngram, L)
+        if longest < min_ngram:
+            return -1, 0
+        ends = np.flatnonzero(h == last_token) + 1  # an earlier occurrence of the 1-token suffix ends at each
+        if len(ends) == 0:
+            return -1, 0
+        agree = np.ones(len(ends), dtype=np.int64)
+        running = np.ones(len(ends), dtype=bool)
+        for j in range(1, longest):  # extend backwards: token j before the end against the suffix's
+            before = ends - 1 - j
+            running &= before >= 0
+            running[running] &= h[before[running]] == h[L - j]
+            if not running.any():
+                break
+            agree += running
+        n = int(agree.max())
+        if n < min_ngram:
+            return -1, 0
+        return int(ends[agree >= n].max()), n
+
+    def copy_candidates(self, last_token: int, num_slots: int, max_ngram: int) -> tuple[torch.Tensor, int]:
+        """copy_candidates(history + [last_token], num_slots, max_ngram)."""
+        start, n = self.match(last_token, max_ngram)
+        out = torch.full((num_slots,), -1, dtype=torch.long)
+        if n:
+            tail = self.tokens[start : start + num_slots].tolist()
+            if len(tail) < num_slots and start + len(tail) == self._len:
+                tail.append(last_token)  # the continuation runs into the last token itself
+            out[: len(tail)] = torch.tensor(tail[:num_slots], dtype=torch.long)
+        return out, n
 
 
 def copy_candidates(seq: torch.Tensor, num_slots: int, max_ngram: int) -> tuple[torch.Tensor, int]:

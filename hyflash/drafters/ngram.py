@@ -6,10 +6,11 @@ its draft distribution is one-hot and the rejection rule stays exact at any temp
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from hyflash.drafters.base import Draft, Drafter
-from hyflash.drafters.copy import suffix_match
+from hyflash.drafters.copy import TokenHistory
 from hyflash.sampling import SamplingConfig
 
 
@@ -26,31 +27,29 @@ class NgramDrafter(Drafter):
         self.reset()
 
     def reset(self) -> None:
-        self._history = torch.empty(0, dtype=torch.long)
-        self._pending: list[torch.Tensor] = []
+        self._history = TokenHistory()
 
     def ingest(self, tokens: torch.Tensor, features: torch.Tensor | None = None) -> None:
-        # Kept aside until a draft reads them: while the policy has speculation sit out, ingesting costs a list
-        # append, not a copy of the whole history per step.
-        self._pending.append(tokens.detach().to("cpu", torch.long).view(-1))
+        self._history.extend(tokens)  # amortised O(1) a token: idle steps cost next to nothing
 
     @property
     def history(self) -> torch.Tensor:
         """Every ingested token, in order."""
-        if self._pending:
-            self._history = torch.cat([self._history, *self._pending])
-            self._pending = []
-        return self._history
+        return torch.from_numpy(self._history.tokens.astype(np.int64))
 
     def draft(self, last_token: int, num_tokens: int, sampling: SamplingConfig, generator=None) -> Draft:
-        seq = torch.cat([self.history, torch.tensor([last_token])])
-        start, n = suffix_match(seq, self.max_ngram, self.min_ngram)
+        start, n = self._history.match(last_token, self.max_ngram, self.min_ngram)
         if n:
-            tokens = seq[start : start + num_tokens].clone()  # the most recent match is usually the most relevant
+            # The most recent match is usually the most relevant; its continuation may run into last_token.
+            seq = self._history.tokens
+            tail = seq[start : start + num_tokens].tolist()
+            if len(tail) < num_tokens and start + len(tail) == len(seq):
+                tail.append(last_token)
+            tokens = torch.tensor(tail[:num_tokens], dtype=torch.long)
             # A longer matched suffix is a better bet; the policy calibrates what it is worth.
             confidence = torch.full((len(tokens),), 1 - 0.6**n)
             return Draft(tokens=tokens, confidence=confidence, source="ngram")
         return Draft(tokens=torch.empty(0, dtype=torch.long), source="ngram")
 
     def memory_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in [self._history, *self._pending])
+        return self._history.nbytes()

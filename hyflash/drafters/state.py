@@ -16,7 +16,7 @@ import torch
 
 from hyflash.drafters import memory
 from hyflash.drafters.base import Draft, Drafter
-from hyflash.drafters.copy import copy_candidates
+from hyflash.drafters.copy import TokenHistory
 from hyflash.drafters.fast import FastDraft, rotated
 from hyflash.drafters.layers import rope
 from hyflash.drafters.model import DrafterModel
@@ -62,14 +62,14 @@ class DrafterState(Drafter):
             self.states = [torch.zeros(heads, d, dv, dtype=state_dtype, device=p.device) for _ in self.model.layers]
         self.last_feature = p.new_zeros(cfg.hidden_size)  # a fused feature: the drafter's width
         # The copy input searches every verified token (like the n-gram drafter's history: 4 bytes a token).
-        self.history = torch.empty(0, dtype=torch.int32) if cfg.copy_ngram else None
+        self.history = TokenHistory() if cfg.copy_ngram else None
 
     def held_tensors(self) -> list[torch.Tensor]:
-        history = [] if self.history is None else [self.history]
-        return [*self.keys, *self.rotated_keys, *self.values, *self.gates, *self.states, self.last_feature, *history]
+        return [*self.keys, *self.rotated_keys, *self.values, *self.gates, *self.states, self.last_feature]
 
     def memory_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.held_tensors())
+        history = 0 if self.history is None else self.history.nbytes()
+        return sum(t.numel() * t.element_size() for t in self.held_tensors()) + history
 
     @torch.inference_mode()
     def ingest(self, tokens: torch.Tensor, features: torch.Tensor | None) -> None:
@@ -84,7 +84,7 @@ class DrafterState(Drafter):
     def _ingest(self, tokens: torch.Tensor, features: torch.Tensor) -> None:
         n_new = features.shape[0]
         if self.history is not None:
-            self.history = torch.cat([self.history, tokens.detach().to("cpu", torch.int32).view(-1)])
+            self.history.extend(tokens)
         cfg = self.config
         c = self.model.fusion(features.to(self.model.norm.weight))  # [n, D]
         length = self.length + n_new
@@ -125,8 +125,7 @@ class DrafterState(Drafter):
         """(candidates [S-1], match length) of the block after `last_token`, or None without a copy input."""
         if self.history is None:
             return None
-        seq = torch.cat([self.history.long(), torch.tensor([last_token])])
-        candidates, n = copy_candidates(seq, self.block_size - 1, self.config.copy_ngram)
+        candidates, n = self.history.copy_candidates(last_token, self.block_size - 1, self.config.copy_ngram)
         return candidates.to(self.model.norm.weight.device), n
 
     @torch.inference_mode()

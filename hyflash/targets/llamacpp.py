@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from hyflash.errors import HyflashError
-from hyflash.targets import CACHE_TYPES, TREE_LEAVES
+from hyflash.targets import CACHE_TYPES, TREE_LEAVES, llamacpp_gate
 from hyflash.targets.base import (
     BUILTIN_MODELS,
     DEFAULT_MODEL,
@@ -156,9 +156,11 @@ class LlamaCppTarget(BaseTarget):
     def __init__(self, gguf_path: str | Path, tokenizer=None, feature_layers: tuple[int, ...] | None = None,
                  name: str = "", n_ctx: int | None = None, n_threads: int | None = None,
                  flash_attn: bool | None = None, record_features: bool = True,
-                 cache_type_k: str = "auto", cache_type_v: str = "auto", repack: bool | None = None):
+                 cache_type_k: str = "auto", cache_type_v: str = "auto", repack: bool | None = None,
+                 eval_gate: bool | None = None):
         """n_threads None: torch's; flash_attn None: FLASH_ATTN; repack None: `default_repack()` (weights in
-        ggml's repacked CPU buffers)."""
+        ggml's repacked CPU buffers); eval_gate None: the eval callback's questions answered in C where the gate
+        builds (`llamacpp_gate`), True: required, False: the plain Python callback (the reference)."""
         path = Path(gguf_path).expanduser()
         for what, kind in (("cache_type_k", cache_type_k), ("cache_type_v", cache_type_v)):
             if kind != "auto" and kind not in CACHE_TYPES:
@@ -198,6 +200,7 @@ class LlamaCppTarget(BaseTarget):
         self._parts: list[list[np.ndarray]] = [[] for _ in self.feature_layers]
         self._callback_error: BaseException | None = None
         self._cb = llama_cpp.ggml_backend_sched_eval_callback(self._on_tensor)  # kept alive with self
+        self._gate, self._gate_cb = self._make_gate(eval_gate)
 
         n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self._model))
         cparams = llama_cpp.llama_context_default_params()
@@ -234,13 +237,13 @@ class LlamaCppTarget(BaseTarget):
         cparams.type_k, cparams.type_v = (CACHE_TYPES[t] for t in self.cache_types)
         # A sliding-window cache prunes cells it thinks are dead; rollback must find the last block's cells.
         cparams.swa_full = True
-        # The callback is asked about every graph node of every pass (Python calls): plain decoding is ~9%
-        # faster without it, so a target that never gives features is built without one, and one that does
-        # runs a generation prefilled without features in a second context without it (made when first
-        # needed; a context's callback cannot be removed).
+        # The callback is asked about every graph node of every pass: through Python, plain decoding is ~9%
+        # faster without it (the C gate answers those questions for ~nothing). So a target that never gives
+        # features is built without one, and one that does runs a generation prefilled without features in a
+        # second context without it (made when first needed; a context's callback cannot be removed).
         self._plain_params = llama_cpp.llama_context_params.from_buffer_copy(cparams)
         if record_features:
-            cparams.cb_eval = self._cb
+            self._set_callback(cparams)
         self.record_features = record_features
         self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
         if not self._ctx:
@@ -279,6 +282,32 @@ class LlamaCppTarget(BaseTarget):
         except Exception:  # interpreter shutdown may have torn the bindings down already
             pass
         self._ctx = self._feature_ctx = self._plain_ctx = self._model = None
+
+    def _make_gate(self, wanted: bool | None):
+        """The C gate for the eval callback and the C callback to install, or (None, None) for the Python one."""
+        if wanted is False:
+            return None, None
+        lib, why = llamacpp_gate.load()
+        if lib is None:
+            if wanted:
+                raise HyflashError(f"the eval callback's C gate cannot be built: {why}. Install a C compiler, "
+                                   "or load the target with eval_gate=False (the Python callback, ~9% slower)")
+            return None, None
+        gate, address = llamacpp_gate.make_gate(lib, list(self._tensor_of),
+                                                ctypes.cast(self._ggml.ggml_get_name, ctypes.c_void_p).value, self._cb)
+        return gate, llama_cpp.ggml_backend_sched_eval_callback(address)
+
+    def _set_callback(self, params) -> None:
+        """Make a context built with `params` call this target's eval callback (through the gate if it has one)."""
+        if self._gate is None:
+            params.cb_eval = self._cb
+        else:
+            params.cb_eval, params.cb_eval_user_data = self._gate_cb, ctypes.addressof(self._gate)
+
+    @property
+    def eval_gate(self) -> bool:
+        """Whether the eval callback's questions are answered in C (else every graph node calls Python)."""
+        return self._gate is not None
 
     def _use_context(self, feature_free: bool) -> None:
         """At a prefill: the context with the eval callback, unless the sequence is feature-free or the target
@@ -338,11 +367,14 @@ class LlamaCppTarget(BaseTarget):
                  "cache_types": list(self.cache_types)}
         if self.repack != default_repack():  # only then: cost curves and feature caches keyed before stay valid
             ident["repack"] = self.repack
+        if self.record_features and self.eval_gate:  # the callback costs less: curves timed without it are stale
+            ident["eval_gate"] = "c"
         return ident
 
     def numbers_identity(self) -> dict:
-        """The same model computes other numbers on llama.cpp: its build, file and settings (threads aside)."""
-        return {k: v for k, v in self.identity().items() if k != "threads"}
+        """The same model computes other numbers on llama.cpp: its build, file and settings (threads and the
+        eval callback's gate aside: neither changes a number)."""
+        return {k: v for k, v in self.identity().items() if k not in ("threads", "eval_gate")}
 
     # ----- frozen pieces drafters reuse (from the GGUF, dequantised once) --------------------------------
     def _weight(self, key: str) -> torch.Tensor:
@@ -558,10 +590,14 @@ class LlamaCppTarget(BaseTarget):
         self._parts = [[] for _ in self.feature_layers]
         self._callback_error = None
         self._recording = features
+        if self._gate is not None:
+            self._gate.recording = int(features)
         try:
             rc = llama_cpp.llama_decode(ctx, batch)
         finally:
             self._recording = False
+            if self._gate is not None:
+                self._gate.recording = 0
         if self._callback_error is not None:
             raise self._callback_error
         if rc != 0:
@@ -610,7 +646,7 @@ class SequenceStreams:
         params.kv_unified = False
         params.n_ctx = slots * seq_context
         if features:
-            params.cb_eval = target._cb
+            target._set_callback(params)
         self.ctx = llama_cpp.llama_init_from_model(target._model, params)
         if not self.ctx:
             raise HyflashError(f"llama.cpp could not create a context of {slots} x {seq_context} tokens "
