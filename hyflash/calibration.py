@@ -178,7 +178,7 @@ def measure_feature_ms(target, context: int, reps: int = 15) -> float:
 
 
 @torch.inference_mode()
-def measure_drafter(target, drafter, context: int = DRAFTER_CONTEXT, reps: int = 5) -> tuple[float, float]:
+def measure_drafter(target, drafter, context: int = DRAFTER_CONTEXT, reps: int = 15) -> tuple[float, float]:
     """(ms per drafted block, ms per ingested token) of a drafter after `context` tokens of real features."""
     ids = torch.randint(0, target.vocab_size, (context + 1,), generator=torch.Generator().manual_seed(1))
     out = target.prefill(ids[:context], features=drafter.needs_features)

@@ -54,9 +54,12 @@ def build() -> tuple[Path | None, str]:
     cc = compiler()
     if cc is None:
         return None, "no C compiler (cc, gcc or clang; or $CC) on PATH"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-    os.close(fd)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+        os.close(fd)
+    except OSError as exc:
+        return None, f"cannot write the gate into {out.parent}: {exc}"
     try:
         done = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", tmp, str(SOURCE)], capture_output=True,
                               text=True, timeout=120)
