@@ -91,12 +91,13 @@ class PolicyConfig:
     # The guard's loss budget, which bounds what trying costs where speculation never pays (llama.cpp on 2 cores,
     # where a rejected 2-token pass costs 1.6 plain steps): speculative steps may lose, in all, at most this share of
     # the time plain decoding takes for the tokens so far plus loss_budget_start_tokens (so the first steps may
-    # try: 32 tokens' 2% is ~2/3 of a plain step, one rejected draft on llama.cpp, three or more on
+    # try: 64 tokens' 2% is ~1.3 plain steps, one or two rejected drafts on llama.cpp, four or more on
     # transformers). A step loses its time less what its committed tokens take at plain speed; a step that gains
-    # counts negative, so a drafter that has paid may try again sooner. 3% and 64 tokens left llama.cpp prompts
-    # where nothing pays at 0.90-0.97x of plain over 96 tokens (experiments/never_slower/, 2026-12-05).
+    # counts negative, so a drafter that has paid may try again sooner. 3% let llama.cpp prompts where nothing
+    # pays lose ~5% over 96 tokens; a start of 32 tokens (2/3 of a step) paused the n-gram lookup before its
+    # first draft could pay (prose 128: 1.23x -> 0.99x, 18 pauses; experiments/never_slower/, 2026-12-05).
     loss_budget: float = 0.02
-    loss_budget_start_tokens: int = 32
+    loss_budget_start_tokens: int = 64
 
     @classmethod
     def for_run(cls, adaptive: bool = True, tree: int = 0, keep_drafter: bool = False) -> "PolicyConfig":

@@ -124,8 +124,8 @@ def test_the_loss_budget_bounds_what_drafts_that_never_pay_cost_whatever_the_pla
         llama_target, monkeypatch, temperature):
     """llama.cpp-like costs on 2 cores (a 2-token pass is 1.6 plain steps) and drafts the planner wrongly
     believes (acceptance 0.9 a slot, never corrected): each one verified is a loss. The rate window alone loses
-    to its judgement steps and its probes; the default loss budget (2% of plain time, plus 32 tokens' worth to
-    start) keeps the generation within that share (of 200 tokens plus 32) and one step of plain, and an
+    to its judgement steps and its probes; the default loss budget (2% of plain time, plus 64 tokens' worth to
+    start) keeps the generation within that share (of 200 tokens plus 64) and one step of plain, and an
     unbounded one lets it lose more."""
     costs = curve([10, 16, 19, 22], plain=10)
     clock = CurveClock(monkeypatch, llama_target, costs)

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -32,12 +33,23 @@ def summarize(runs: Path, out: Path) -> dict:
             "by_temperature": {str(t): ratio_summary([r for r in rows if r["temperature"] == t])
                                for t in sorted({r["temperature"] for r in rows})},
             "prompts": rows,
+            "plain_repeat_spread": plain_repeat_spread(results),
         }
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "results.json", summary)
     atomic_write_bytes(out / "results.md", markdown(summary).encode())
     plot(summary, out / "ratio_vs_context.png")
     return summary
+
+
+def plain_repeat_spread(results: dict) -> dict | None:
+    """How much plain decoding's own timings of one prompt differ across its repeats (max / min - 1): the run's
+    noise, against which a ratio's distance from 1.0 has to be read. Median and largest over the prompts."""
+    spreads = [max(t) / min(t) - 1 for r in results["runs"] if r["method"] == "plain"
+               for t in [r.get("decode_times") or []] if len(t) > 1 and min(t) > 0]
+    if not spreads:
+        return None
+    return {"median": statistics.median(spreads), "max": max(spreads), "prompts": len(spreads)}
 
 
 def _n(x, fmt: str) -> str:
@@ -54,8 +66,12 @@ def markdown(summary: dict) -> str:
                   f"{o['prompts']} prompt runs; median ceiling {_n(o['median_ceiling'], '.2f')}x, median share of "
                   f"its margin taken {_n(o['median_ceiling_share'], '.0%')}", "",
                   "Ratio: of the median timings of 3 (`--repeats`); each repeat's own ratio (plain's i-th timing against "
-                  "the default's i-th, run next to each other) spans the range beside it.", "",
-                  "| T | prompt | context | ratio | per repeat | tau | ceiling | fall-backs | budget pauses | greedy text = plain |",
+                  "the default's i-th, run next to each other) spans the range beside it.", ""]
+        noise = b.get("plain_repeat_spread")
+        if noise:
+            lines += [f"Noise: plain decoding's own {noise['prompts']} sets of repeats differ from fastest to slowest by "
+                      f"{noise['median']:.1%} at the median prompt and up to {noise['max']:.1%}.", ""]
+        lines += ["| T | prompt | context | ratio | per repeat | tau | ceiling | fall-backs | budget pauses | greedy text = plain |",
                   "|---:|---|---:|---:|---|---:|---:|---:|---:|---|"]
         for r in b["prompts"]:
             same = "–" if r["identical_to_plain"] is None else ("yes" if r["identical_to_plain"] else "**no**")
