@@ -26,7 +26,7 @@ def test_the_gate_builds_once_into_the_cache_and_answers_in_c(tmp_path, monkeypa
     lib = ctypes.CDLL(str(path))
 
     # The gate, driven directly: a fake ggml_get_name (the tensor pointer is its name) and a Python data callback.
-    name_of = ctypes.CFUNCTYPE(ctypes.c_char_p, ctypes.c_void_p)(lambda t: ctypes.cast(t, ctypes.c_char_p).value)
+    name_of = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(lambda t: t)  # the "tensor" is its name's address
     seen = []
     on_data = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_void_p, ctypes.c_bool, ctypes.c_void_p)(
         lambda t, ask, user: seen.append((ctypes.cast(t, ctypes.c_char_p).value, ask)) or True)
