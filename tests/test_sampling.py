@@ -136,7 +136,9 @@ def test_speculative_sampling_matches_target_distribution(small_vocab_target, sa
 
     prompt, length, runs = [1, 4, 2], 4, 3000
     # A slow-learning calibrator: it starts trusting the drafter (k = 2) and learns to stop (k = 0) mid-test.
-    policy = SpeculationPolicy(_steep_curve(), PolicyConfig(prior_strength=300)) if adaptive else None
+    # The guard off: its wall-clock fall-backs would make how many drafts are verified (the test's power) depend
+    # on machine load (a wrong rule passed once under load).
+    policy = SpeculationPolicy(_steep_curve(), PolicyConfig(prior_strength=300, guard=False)) if adaptive else None
     events: Counter = Counter()
     expected = _exact_sequence_probs(small_vocab_target, prompt, length, sampling)
     counts = _sample_counts(small_vocab_target, prompt, length, sampling, runs, policy, events)

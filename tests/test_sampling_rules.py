@@ -268,7 +268,9 @@ def test_hybrid_drafts_chosen_by_the_adaptive_policy_keep_the_distribution(targe
     runs = RUNS
     block = TargetMirrorDrafter(table, (1.0, 8.0), tree=bool(tree))
     drafter = HybridDrafter(block, NgramDrafter(block_size=3))
-    config = PolicyConfig(prior_strength=300, tree=tree, retire_after=0)
+    # The guard off: its wall-clock fall-backs would make how many drafts are verified (the test's power) depend
+    # on machine load (a wrong rule passed once under load).
+    config = PolicyConfig(prior_strength=300, tree=tree, retire_after=0, guard=False)
     stat, critical, _, sources, _ = _in_loop_verdict(target, drafter, SHARP, runs, monkeypatch, None, "", config)
     if tree:
         assert sources["tree"] > runs // 4

@@ -62,7 +62,8 @@ class TokenHistory:
         return self._buf[: self._len]
 
     def nbytes(self) -> int:
-        return self._buf.nbytes
+        """The tokens' bytes (4 a token), as draft memory reports it; the buffer may hold up to twice that."""
+        return 4 * self._len
 
     def match(self, last_token: int, max_ngram: int, min_ngram: int = 1) -> tuple[int, int]:
         """suffix_match(history + [last_token], max_ngram, min_ngram): (start, n), start indexing that sequence."""
