@@ -256,7 +256,11 @@ def test_the_c_gate_gives_the_python_callbacks_logits_and_features_bit_for_bit(l
     callback: the same logits and feature rows, prefill, a scored block and batched streams. Through the gate
     Python is called only with the wanted nodes' data (3 feature layers a pass), and not at all when a pass
     records nothing; without it, about every graph node asks Python."""
+    from hyflash.targets import llamacpp_gate
     from hyflash.targets.llamacpp import LlamaCppTarget
+
+    if llamacpp_gate.compiler() is None:
+        pytest.skip("no C compiler here: the target uses the Python callback (tested everywhere else)")
 
     class Counting(LlamaCppTarget):
         def _on_tensor(self, tensor, ask, user_data):
