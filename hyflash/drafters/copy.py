@@ -88,15 +88,20 @@ class TokenHistory:
             return -1, 0
         return int(ends[agree >= n].max()), n
 
+    def continuation(self, start: int, last_token: int, k: int) -> list[int]:
+        """(history + [last_token])[start : start + k]: a match's continuation may run into the last token."""
+        tail = self.tokens[start : start + k].tolist()
+        if len(tail) < k and start + len(tail) == self._len:
+            tail.append(last_token)
+        return tail[:k]
+
     def copy_candidates(self, last_token: int, num_slots: int, max_ngram: int) -> tuple[torch.Tensor, int]:
         """copy_candidates(history + [last_token], num_slots, max_ngram)."""
         start, n = self.match(last_token, max_ngram)
         out = torch.full((num_slots,), -1, dtype=torch.long)
         if n:
-            tail = self.tokens[start : start + num_slots].tolist()
-            if len(tail) < num_slots and start + len(tail) == self._len:
-                tail.append(last_token)  # the continuation runs into the last token itself
-            out[: len(tail)] = torch.tensor(tail[:num_slots], dtype=torch.long)
+            tail = self.continuation(start, last_token, num_slots)
+            out[: len(tail)] = torch.tensor(tail, dtype=torch.long)
         return out, n
 
 

@@ -40,12 +40,8 @@ class NgramDrafter(Drafter):
     def draft(self, last_token: int, num_tokens: int, sampling: SamplingConfig, generator=None) -> Draft:
         start, n = self._history.match(last_token, self.max_ngram, self.min_ngram)
         if n:
-            # The most recent match is usually the most relevant; its continuation may run into last_token.
-            seq = self._history.tokens
-            tail = seq[start : start + num_tokens].tolist()
-            if len(tail) < num_tokens and start + len(tail) == len(seq):
-                tail.append(last_token)
-            tokens = torch.tensor(tail[:num_tokens], dtype=torch.long)
+            # The most recent match is usually the most relevant.
+            tokens = torch.tensor(self._history.continuation(start, last_token, num_tokens), dtype=torch.long)
             # A longer matched suffix is a better bet; the policy calibrates what it is worth.
             confidence = torch.full((len(tokens),), 1 - 0.6**n)
             return Draft(tokens=tokens, confidence=confidence, source="ngram")
