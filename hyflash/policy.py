@@ -260,6 +260,20 @@ class SpeculationPolicy:
         tokens = self.context - self.start_context + self.config.loss_budget_start_tokens
         return self.config.loss_budget * tokens * self._plain_step_ms(self.context)
 
+    def affordable_length(self, pass_cost, limit: int) -> int:
+        """The most drafts a step may verify so that, were every one rejected, speculation's loss would stay within
+        the guard's budget: the pass of k + 1 tokens that commits a single token loses c(k + 1) - c(1) against a
+        plain step. Without this bound one rejected 7-token draft on llama.cpp (c(8) ~4.3 steps on 2 cores) lost
+        3.3 steps at once, 2.5 times the budget at the start of a generation (experiments/never_slower/replay.py).
+        At most `limit` (the longest draft proposed, and all of it without the guard); pass_cost: `_costs_at(context)`."""
+        if self.guard is None:
+            return limit
+        left = self.loss_budget_ms() - self.guard.lost_ms
+        k = 0
+        while k < limit and pass_cost(k + 2) - pass_cost(1) <= left:
+            k += 1
+        return k
+
     def wants_draft(self) -> bool:
         if self.skip_left > 0:
             self.skip_left -= 1
@@ -278,8 +292,9 @@ class SpeculationPolicy:
         pass_cost = self._costs_at(context)
         best, best_k, best_rate = None, 0, 1.0 / pass_cost(1)
         expensive_rate = 0.0  # the best rate an expensive draft gives once its drafting time is counted
+        longest = self.affordable_length(pass_cost, max((len(d.tokens) for d in candidates), default=0))
         for draft in candidates:
-            for k, gain in enumerate(self._gains(draft)[1:], start=1):
+            for k, gain in enumerate(self._gains(draft)[1 : longest + 1], start=1):
                 cost = pass_cost(k + 1)
                 if gain / cost > best_rate:
                     best, best_k, best_rate = draft, k, gain / cost
@@ -326,10 +341,11 @@ class SpeculationPolicy:
             p = min(1.0, max(p, chain_tokens.get((depth - 1, tok), 0.0)))
             value.append(p * (1.0 if parent == -1 else value[parent]))
             cum.append(cum[-1] + value[-1])
+        longest = self.affordable_length(pass_cost, len(tree))  # a tree of m nodes is a pass of m + 1 tokens
         if self.config.tree > 0:
-            n = len(tree)
+            n = longest
         else:
-            n = max(range(len(tree) + 1), key=lambda m: (1 + cum[m]) / pass_cost(m + 1))
+            n = max(range(longest + 1), key=lambda m: (1 + cum[m]) / pass_cost(m + 1))
         self.lengths[n] += 1
         without, cost = self._rate_without_expensive(chains, pass_cost), pass_cost(n + 1)
         self._back_off(candidates, paid=n > 0 and (1 + cum[n]) / (cost + self.draft_ms()) > without)
