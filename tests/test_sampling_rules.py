@@ -275,7 +275,8 @@ def test_hybrid_drafts_chosen_by_the_adaptive_policy_keep_the_distribution(targe
     if tree:
         assert sources["tree"] > runs // 4
     else:
-        assert sources["drafter"] > runs // 2 and sources["ngram"] > runs // 20, sources
+        # (the lookup's short matches here start from its measured prior, 0.24-0.49 for slot 1: chosen ~4% of steps)
+        assert sources["drafter"] > runs // 2 and sources["ngram"] > runs // 40, sources
     assert stat < critical, f"chi2 {stat:.1f} vs {critical:.1f}"
 
 
