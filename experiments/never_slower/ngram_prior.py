@@ -18,11 +18,9 @@ import json
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
-from safetensors.numpy import load_file
-
 from hyflash.drafters.copy import TokenHistory
 from hyflash.files import atomic_write_json, atomic_write_text
+from hyflash.training.data import TokenDataset
 
 SLOTS = 7
 
@@ -30,30 +28,27 @@ SLOTS = 7
 def count(folder: Path, max_ngram: int) -> tuple[Counter, Counter, int]:
     """(reached, accepted) counts per (n, slot index) over the folder's greedy sequences, and their number."""
     reached, accepted, sequences = Counter(), Counter(), 0
-    for shard in sorted(folder.glob("shard-*.safetensors")):
-        arrays = load_file(shard)
-        offsets, starts, tokens, sampled = (arrays[k] for k in ("offsets", "gen_start", "tokens", "sampled"))
-        for i, start in enumerate(starts):
-            sequence = tokens[offsets[i] : offsets[i + 1]].astype(np.int64)
-            if sampled[i] or len(sequence) - start < 2:
-                continue
-            sequences += 1
-            history = TokenHistory()
-            history.extend(sequence[: start - 1])
-            p = int(start) - 1  # sequence[p] is the verified token the next draft follows
-            while p < len(sequence) - 1:
-                begin, n = history.match(int(sequence[p]), max_ngram)
-                a = 0
-                if n:
-                    draft = history.continuation(begin, int(sequence[p]), min(SLOTS, len(sequence) - 1 - p))
-                    truth = sequence[p + 1 : p + 1 + len(draft)]
-                    while a < len(draft) and draft[a] == truth[a]:
-                        a += 1
-                    for j in range(min(len(draft), a + 1)):
-                        reached[n, j] += 1
-                        accepted[n, j] += int(j < a)
-                history.extend(sequence[p : p + a + 1])
-                p += a + 1
+    data = TokenDataset(folder)
+    for sequence, start, sampled in zip(data.sequences, data.gen_start, data.sampled):
+        if sampled or len(sequence) - start < 2:
+            continue
+        sequences += 1
+        history = TokenHistory()
+        history.extend(sequence[: start - 1])
+        p = start - 1  # sequence[p] is the verified token the next draft follows
+        while p < len(sequence) - 1:
+            begin, n = history.match(int(sequence[p]), max_ngram)
+            a = 0
+            if n:
+                draft = history.continuation(begin, int(sequence[p]), min(SLOTS, len(sequence) - 1 - p))
+                truth = sequence[p + 1 : p + 1 + len(draft)]
+                while a < len(draft) and draft[a] == truth[a]:
+                    a += 1
+                for j in range(min(len(draft), a + 1)):
+                    reached[n, j] += 1
+                    accepted[n, j] += int(j < a)
+            history.extend(sequence[p : p + a + 1])
+            p += a + 1
     return reached, accepted, sequences
 
 

@@ -26,9 +26,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
-from safetensors.numpy import load_file
 
 from hyflash import decoding
 from hyflash.costs import CostCurve
@@ -36,6 +34,7 @@ from hyflash.decoding import generate
 from hyflash.drafters.ngram import NgramDrafter
 from hyflash.policy import PolicyConfig, SpeculationPolicy
 from hyflash.targets.base import TargetOutput
+from hyflash.training.data import TokenDataset
 
 
 class ReplayTarget:
@@ -142,16 +141,13 @@ def replay(prompt: list[int], truth: list[int], curve: CostCurve, make_drafter, 
 
 def data_sequences(folder: Path, new_tokens: int, limit: int) -> list[tuple[list[int], list[int]]]:
     """(prompt, first new_tokens greedy target-written tokens) of a `hyflash data` folder's unsampled sequences."""
+    data = TokenDataset(folder)
     out = []
-    for shard in sorted(folder.glob("shard-*.safetensors")):
-        arrays = load_file(shard)
-        offsets, starts, tokens, sampled = (arrays[k] for k in ("offsets", "gen_start", "tokens", "sampled"))
-        for i, start in enumerate(starts):
-            sequence = tokens[offsets[i] : offsets[i + 1]].astype(np.int64).tolist()
-            if not sampled[i] and len(sequence) - start >= new_tokens:
-                out.append((sequence[:start], sequence[start : start + new_tokens]))
-            if len(out) >= limit:
-                return out
+    for sequence, start, sampled in zip(data.sequences, data.gen_start, data.sampled):
+        if not sampled and len(sequence) - start >= new_tokens:
+            out.append((sequence[:start].tolist(), sequence[start : start + new_tokens].tolist()))
+        if len(out) >= limit:
+            break
     return out
 
 
