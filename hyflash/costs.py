@@ -55,6 +55,11 @@ class CostCurve:
         """One plain decoding step at this context length (see plain_ms)."""
         return _interpolate(self.contexts, self.plain_ms, context) if self.plain_ms else self.cost(1, context)
 
+    def score_ms(self, q: int, context: int, features: bool = True) -> float:
+        """What one target.score of q tokens costs at this context: a one-token pass without features is a plain
+        step, anything else c(q). The rule fake clocks charge by (tests, the offline replay)."""
+        return self.plain(context) if q == 1 and not features else self.cost(q, context)
+
     def relative(self, context: int) -> list[float]:
         """c(q) / c(1) for q = 1..max_q: how many plain steps a q-token verification costs."""
         base = self.cost(1, context)

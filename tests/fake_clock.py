@@ -16,9 +16,8 @@ class CurveClock:
         score = target.score
 
         def timed(block, features=True, **kw):
-            q, context = len(block), target.cache_length
-            ms = curve.plain(context) if q == 1 and not features else curve.cost(q, context)
-            self.now_ms += ms * slowdown(q)
+            q = len(block)
+            self.now_ms += curve.score_ms(q, target.cache_length, features) * slowdown(q)
             return score(block, features=features, **kw)
 
         monkeypatch.setattr(target, "score", timed)

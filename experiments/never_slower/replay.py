@@ -67,8 +67,7 @@ class ReplayTarget:
 
     def score(self, block: torch.Tensor, features: bool = True, tree=None) -> TargetOutput:
         q, context = len(block), self.cache_length
-        self.clock[0] += (self.curve.plain(context) if q == 1 and not features else self.curve.cost(q, context))
-        self.clock[0] += self.loop_ms
+        self.clock[0] += self.curve.score_ms(q, context, features) + self.loop_ms
         rows = self._rows(context, q)
         self.cache_length += q
         return TargetOutput(rows, None)
