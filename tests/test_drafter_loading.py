@@ -12,7 +12,7 @@ from test_drafter_model import _with_copy_weights, make, sequence
 from hyflash.cli import main
 from hyflash.decoding import generate
 from hyflash.drafters.config import KINDS
-from hyflash.drafters.registry import load_drafter
+from hyflash.drafters.registry import SHIPPED_DRAFTERS, load_drafter
 from hyflash.drafters.model import DrafterModel
 from hyflash.drafters.state import DrafterState
 from hyflash.errors import HyflashError
@@ -123,6 +123,28 @@ def test_drafters_of_the_targets_width_keep_their_checkpoint(llama_target, tmp_p
     drafter = DrafterModel(config, Signature())
     assert config.hidden_size == config.target_hidden_size == 576 and drafter.out_proj is None
     drafter.load_state_dict(read_weights(shipped), strict=True)
+
+
+@pytest.mark.parametrize("model", sorted(SHIPPED_DRAFTERS))
+def test_every_shipped_drafter_loads_strictly_for_its_model_and_fits_the_size_limit(model):
+    """Each built-in model's default drafter is a complete folder for that model: its config names the model,
+    every weight tensor loads with strict=True into the drafter its config builds, and the weights stay within
+    the 25 MB a package may ship (issue 37)."""
+    from hyflash.drafters.loading import read_config, read_weights
+    from hyflash.drafters.registry import shipped_drafter_path
+
+    folder = shipped_drafter_path(model)
+    config = read_config(folder)
+    assert config.target_name == model
+
+    class Signature:  # enough of the target to build its drafter and load the weights (no forward pass)
+        name = model
+
+        def signature(self):
+            return config.signature()
+
+    DrafterModel(config, Signature()).load_state_dict(read_weights(folder), strict=True)
+    assert sum(f.stat().st_size for f in folder.iterdir()) <= 25 * 1024**2
 
 
 def _corrupt(path, what):

@@ -34,7 +34,7 @@ SPEC_HELP = ("none | ngram | default | PATH to a drafter folder (or a `hyflash t
              "(a smaller LM of the target's vocabulary drafts)")
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "drafters"
 # Built-in target name -> folder of its shipped drafter (trained with the recipe in docs/training.md).
-SHIPPED_DRAFTERS = {"smollm2-135m": ASSETS / "smollm2-135m"}
+SHIPPED_DRAFTERS = {"smollm2-135m": ASSETS / "smollm2-135m", "qwen2.5-coder-1.5b": ASSETS / "qwen2.5-coder-1.5b"}
 NGRAM_BLOCK = 8
 
 
