@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hyflash.sampling import argmax
+from hyflash.sampling import argmax, sample
 
 
 @dataclass
@@ -146,6 +146,6 @@ def verify_tree(tree: DraftTree, target_probs: torch.Tensor, greedy: bool,
         if chosen is None:
             total = residual.sum()
             r = residual / total if total > 0 else p
-            return path, int(torch.multinomial(r, 1, generator=generator))
+            return path, int(sample(r, generator))
         path.append(chosen)
         node = chosen

@@ -232,8 +232,8 @@ def test_greedy_verification_reads_raw_logits_as_its_one_hot_distributions():
 
 def test_the_fast_sampler_draws_the_reference_samplers_distribution_and_never_a_zero_probability_id():
     """sampling.sample (inverse CDF) against torch.multinomial (sample_reference), by chi-square on 40,000
-    draws of a warped distribution with zeros in it; a sampler that is off by one id (searchsorted without
-    right=True lands on the id before a CDF step's end) fails the same test, which shows it has the power."""
+    draws of a warped distribution with zeros in it; a sampler that is off by one id (each draw moved to the next
+    id) fails the same test, which shows it has the power."""
     generator = torch.Generator().manual_seed(3)
     logits = torch.randn(1, 200, generator=generator) * 2
     probs = logits_to_probs(logits, SamplingConfig(temperature=0.7, top_k=40))  # 160 ids at exactly 0
