@@ -98,6 +98,14 @@ class PolicyConfig:
     # first draft could pay (prose 128: 1.23x -> 0.99x, 18 pauses; experiments/never_slower/, 2026-12-05).
     loss_budget: float = 0.02
     loss_budget_start_tokens: int = 64
+    # The n-gram lookup and the plan run right after a target pass has flushed the CPU's caches, where they take
+    # ~10x their warm time: ~0.3 ms a step on llama.cpp with 2 cores, 3% of a one-token step, paid on every step
+    # where nothing is worth verifying (all of them, where a 2-token pass costs 1.8 steps). Where the lookup's
+    # measured time is at least lookup_min_share of a plain step, a lookup (with no expensive drafter drafting)
+    # that verified nothing backs off for 1, 2 ... max_lookup_skip steps; one verified draft resets it. On
+    # transformers fp32 it is ~0.6% of a step and the lookup runs every step.
+    max_lookup_skip: int = 4
+    lookup_min_share: float = 0.01
 
     @classmethod
     def for_run(cls, adaptive: bool = True, tree: int = 0, keep_drafter: bool = False) -> "PolicyConfig":
@@ -153,6 +161,8 @@ class SpeculationPolicy:
         self.live = LiveCosts(self.curve)
         self.guard = Guard(self.config) if self.config.guard and self.config.adaptive and self.curve else None
         self.skip = self.skip_left = self.misses_at_max = 0
+        self.lookup_skip = self.lookup_skip_left = 0  # the cheap lookup's back-off (lookup_min_share)
+        self.max_draft = 0  # the expensive drafter's longest draft (start_run; 0: there is none)
         self.saved_ms, self.drafted = 0.0, False
         self.retired_at: int | None = None  # verification step at which the expensive drafter retired
         self.retired_by_guard = False  # ...in a fall-back to plain steps (not held against it in later runs)
@@ -172,6 +182,8 @@ class SpeculationPolicy:
         drafter), for the start decision (`start_retired_above`)."""
         self.reads_features = reads_features
         self.context = self.start_context = context
+        self.max_draft = max_draft
+        self.lookup_skip = self.lookup_skip_left = 0
         self.sources.clear()
         self.lengths.clear()
         if self.steps and self.retired_at != 0:
@@ -251,8 +263,14 @@ class SpeculationPolicy:
         return self.live.draft_ms()
 
     def drafting(self) -> bool:
-        """Whether the drafter runs at all this step (False: the guard has fallen back to plain steps)."""
-        return self.guard is None or self.guard.drafting(self.loss_budget_ms())
+        """Whether the drafter runs at all this step (False: the guard has fallen back to plain steps, or the
+        cheap lookup backs off)."""
+        if self.guard is not None and not self.guard.drafting(self.loss_budget_ms()):
+            return False
+        if self.lookup_skip_left > 0:
+            self.lookup_skip_left -= 1
+            return False
+        return True
 
     def loss_budget_ms(self) -> float:
         """What the guard lets speculative steps lose in all by now: loss_budget of the time plain steps take for
@@ -284,6 +302,9 @@ class SpeculationPolicy:
         """The draft to verify, cut to its best length (or a DraftTree, in tree mode); None (a plain step)
         when nothing pays."""
         self.proposed = any(d.expensive for d in candidates)
+        if not any(len(d.tokens) for d in candidates):
+            self._lookup_back_off(verified=False)
+            return None  # nothing to verify, and nothing for the drafter's back-off or the ledger to count
         if self.config.tree and any(d.slot_probs is not None and len(d.tokens) for d in candidates):
             return self.plan_tree(candidates, context)
         if not self.config.adaptive:
@@ -293,8 +314,9 @@ class SpeculationPolicy:
         best, best_k, best_rate = None, 0, 1.0 / pass_cost(1)
         expensive_rate = 0.0  # the best rate an expensive draft gives once its drafting time is counted
         longest = self.affordable_length(pass_cost, max((len(d.tokens) for d in candidates), default=0))
-        for draft in candidates:
-            for k, gain in enumerate(self._gains(draft)[1 : longest + 1], start=1):
+        gains = [self._gains(draft) for draft in candidates]
+        for draft, draft_gains in zip(candidates, gains):
+            for k, gain in enumerate(draft_gains[1 : longest + 1], start=1):
                 cost = pass_cost(k + 1)
                 if gain / cost > best_rate:
                     best, best_k, best_rate = draft, k, gain / cost
@@ -303,15 +325,16 @@ class SpeculationPolicy:
         # The draft is made, so the best one is verified; but it paid for itself only if it beats what the cheap
         # drafts offered by more than its own drafting time (else, on a steep curve, a hybrid's drafter keeps
         # drafting where the n-gram lookup alone would have been faster).
-        without = self._rate_without_expensive(candidates, pass_cost)
+        without = self._rate_without_expensive(candidates, gains, pass_cost)
         self._back_off(candidates, paid=expensive_rate > without)
         if best is not None and best.expensive:
             cost = pass_cost(best_k + 1)
             self._account(candidates, best_rate * cost, cost, without)
         else:
             self._account(candidates, 0.0, 0.0, without)
+        self._lookup_back_off(verified=best is not None)
         if best is None:
-            self.lengths[0] += int(any(len(d.tokens) for d in candidates))  # a plain step by choice
+            self.lengths[0] += 1  # a plain step by choice
             return None
         return self._take(best, best_k)
 
@@ -347,7 +370,7 @@ class SpeculationPolicy:
         else:
             n = max(range(longest + 1), key=lambda m: (1 + cum[m]) / pass_cost(m + 1))
         self.lengths[n] += 1
-        without, cost = self._rate_without_expensive(chains, pass_cost), pass_cost(n + 1)
+        without, cost = self._rate_without_expensive(chains, [self._gains(c) for c in chains], pass_cost), pass_cost(n + 1)
         self._back_off(candidates, paid=n > 0 and (1 + cum[n]) / (cost + self.draft_ms()) > without)
         self._account(candidates, 1 + cum[n] if n else 0.0, cost if n else 0.0, without)
         if n == 0:
@@ -360,13 +383,14 @@ class SpeculationPolicy:
         """Expected tokens committed when verifying the first k of this draft, k = 0..len (calibrated)."""
         return expected_committed(self.calibrator.estimate(draft.source, draft.confidence_or_default()))
 
-    def _rate_without_expensive(self, candidates: list[Draft], pass_cost) -> float:
+    def _rate_without_expensive(self, candidates: list[Draft], gains: list[list[float]], pass_cost) -> float:
         """Expected committed tokens per ms of the best plan that no expensive draft is part of: a plain step,
-        or a cheap draft (the n-gram lookup's) cut to its best length. pass_cost: `_costs_at(context)`."""
+        or a cheap draft (the n-gram lookup's) cut to its best length. gains: `_gains` of each candidate;
+        pass_cost: `_costs_at(context)`."""
         rates = [1.0 / pass_cost(1)]
-        for draft in candidates:
+        for draft, draft_gains in zip(candidates, gains):
             if not draft.expensive:
-                rates += [g / pass_cost(k + 1) for k, g in enumerate(self._gains(draft)[1:], start=1)]
+                rates += [g / pass_cost(k + 1) for k, g in enumerate(draft_gains[1:], start=1)]
         return max(rates)
 
     def _account(self, candidates: list[Draft], gain: float, cost: float, without: float) -> None:
@@ -388,6 +412,19 @@ class SpeculationPolicy:
             if (self.config.retire_after and self.misses_at_max >= self.config.retire_after
                     and self.retired_at is None and self.idle_drafter_share() >= self.config.retire_min_idle_share):
                 self.retired_at = self.steps
+
+    def _lookup_back_off(self, verified: bool) -> None:
+        """After an adaptive plan of the cheap lookup's drafts alone (no expensive drafter in this generation, or it
+        has retired): where the lookup costs at least lookup_min_share of a plain step (measured), one that verified
+        nothing skips the next 1, 2 ... max_lookup_skip steps' lookups."""
+        if self.max_draft and self.retired_at is None:
+            return  # the expensive drafter is in play: its own back-off (_back_off) and the guard decide
+        lookup_ms = self.live.propose[False].value or 0.0
+        if verified or lookup_ms < self.config.lookup_min_share * self._plain_step_ms(self.context):
+            self.lookup_skip = 0
+        else:
+            self.lookup_skip = min(max(1, 2 * self.lookup_skip), self.config.max_lookup_skip)
+        self.lookup_skip_left = self.lookup_skip
 
     def _take(self, draft: Draft, k: int) -> Draft:
         self.sources[draft.source] += 1

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hyflash.calibration import calibrate, measure_target
-from hyflash.costs import CostCurve
+from hyflash.costs import CostCurve, StepTimes
 from hyflash.decoding import generate
 from hyflash.drafters.base import Draft
 from hyflash.drafters.hybrid import HybridDrafter
@@ -420,3 +420,39 @@ def test_the_engine_calibrates_with_the_drafter_it_will_run(monkeypatch):
         engine.choose("smollm2-135m", "float32", with_drafter=spec != "none", drafter=spec)
         engine.choose("smollm2-135m", "auto", with_drafter=spec != "none", drafter=spec)
     assert asked == ["ngram"] * 3 + ["none"] * 2 + ["/some/folder"] * 3
+
+
+def test_a_lookup_that_verifies_nothing_backs_off_only_where_it_costs_a_share_of_a_step():
+    """Where the n-gram lookup's measured time is a noticeable share of a plain step (llama.cpp on 2 cores), a
+    lookup whose drafts are not worth verifying skips the next 1, 2, 4, 4 ... steps' lookups, and one verified
+    draft resets it; where it is cheap against a step (transformers), it looks every step."""
+    def skipped_runs(lookup_ms: float, worth: bool, steps: int = 40) -> list[int]:
+        policy = SpeculationPolicy(curve([10, 18, 26, 34]), PolicyConfig(guard=False))
+        policy.start_run(reads_features=False, context=0)
+        runs, skipping = [], 0
+        for _ in range(steps):
+            if not policy.drafting():
+                skipping += 1
+                policy.observe(None, 0, 0, StepTimes(0.0, 10.0, 0.0, 10.0))
+                continue
+            if skipping:
+                runs.append(skipping)
+            skipping = 0
+            ngram = draft([0.99, 0.99] if worth else [0.3, 0.3], source="ngram", expensive=False)
+            plan = policy.plan([ngram], 0)
+            assert (plan is not None) == worth
+            policy.observe(plan, 0 if plan is None else 2, 0, StepTimes(lookup_ms, 10.0, 0.01, 10.0 + lookup_ms))
+        return runs
+
+    assert skipped_runs(lookup_ms=0.3, worth=False)[:5] == [1, 2, 4, 4, 4]  # 3% of a step: backs off
+    assert skipped_runs(lookup_ms=0.05, worth=False) == []  # 0.5%: looks every step
+    assert skipped_runs(lookup_ms=0.3, worth=True) == []  # its drafts pay: looks every step
+
+
+def test_the_lookup_back_off_leaves_an_expensive_drafter_in_play_to_its_own_back_off():
+    policy = SpeculationPolicy(curve([10, 18, 26, 34]), PolicyConfig(guard=False, start_retired_above=1.0))
+    policy.start_run(reads_features=True, context=0, max_draft=3)
+    for _ in range(6):
+        assert policy.drafting()
+        policy.plan([draft([0.3, 0.3], source="ngram", expensive=False)], 0)  # the drafter backs off, the lookup drafts
+        policy.observe(None, 0, 0, StepTimes(0.3, 10.0, 0.01, 10.3))
