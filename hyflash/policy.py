@@ -417,8 +417,8 @@ class SpeculationPolicy:
         """After an adaptive plan of the cheap lookup's drafts alone (no expensive drafter in this generation, or it
         has retired): where the lookup costs at least lookup_min_share of a plain step (measured), one that verified
         nothing skips the next 1, 2 ... max_lookup_skip steps' lookups."""
-        if self.max_draft and self.retired_at is None:
-            return  # the expensive drafter is in play: its own back-off (_back_off) and the guard decide
+        if not self.config.adaptive or (self.max_draft and self.retired_at is None):
+            return  # every draft is verified (--no-adaptive), or the expensive drafter is in play: its own back-off
         lookup_ms = self.live.propose[False].value or 0.0
         if verified or lookup_ms < self.config.lookup_min_share * self._plain_step_ms(self.context):
             self.lookup_skip = 0

@@ -291,3 +291,11 @@ def test_copy_gate_grows_on_a_copy_drafter_and_trains(llama_target, tmp_path):
     trained = DrafterModel.from_pretrained(out, llama_target, dtype=torch.float32)
     assert trained.config.copy_gate and trained.config.copy_ngram == 3
     assert trained.copy_gate.weight.abs().sum() > 0 and trained.copy_gate.bias.abs() > 0
+
+
+def test_the_lookup_prior_read_from_its_table_equals_the_plain_definition():
+    from hyflash.drafters.ngram import ACCEPTANCE_PRIOR, NgramDrafter, confidence_reference
+
+    for n in range(1, len(ACCEPTANCE_PRIOR) + 3):
+        for length in range(0, 40):
+            assert torch.equal(NgramDrafter.confidence(n, length), confidence_reference(n, length)), (n, length)

@@ -426,8 +426,8 @@ def test_a_lookup_that_verifies_nothing_backs_off_only_where_it_costs_a_share_of
     """Where the n-gram lookup's measured time is a noticeable share of a plain step (llama.cpp on 2 cores), a
     lookup whose drafts are not worth verifying skips the next 1, 2, 4, 4 ... steps' lookups, and one verified
     draft resets it; where it is cheap against a step (transformers), it looks every step."""
-    def skipped_runs(lookup_ms: float, worth: bool, steps: int = 40) -> list[int]:
-        policy = SpeculationPolicy(curve([10, 18, 26, 34]), PolicyConfig(guard=False))
+    def skipped_runs(lookup_ms: float, worth: bool, steps: int = 40, adaptive: bool = True) -> list[int]:
+        policy = SpeculationPolicy(curve([10, 18, 26, 34]), PolicyConfig(guard=False, adaptive=adaptive))
         policy.start_run(reads_features=False, context=0)
         runs, skipping = [], 0
         for _ in range(steps):
@@ -447,6 +447,14 @@ def test_a_lookup_that_verifies_nothing_backs_off_only_where_it_costs_a_share_of
     assert skipped_runs(lookup_ms=0.3, worth=False)[:5] == [1, 2, 4, 4, 4]  # 3% of a step: backs off
     assert skipped_runs(lookup_ms=0.05, worth=False) == []  # 0.5%: looks every step
     assert skipped_runs(lookup_ms=0.3, worth=True) == []  # its drafts pay: looks every step
+
+    # --no-adaptive verifies every draft and looks up every step, matches or not.
+    fixed = SpeculationPolicy(curve([10, 18, 26, 34]), PolicyConfig(guard=False, adaptive=False))
+    fixed.start_run(reads_features=False, context=0)
+    for _ in range(10):
+        assert fixed.drafting()
+        assert fixed.plan([draft([], source="ngram", expensive=False)], 0) is None
+        fixed.observe(None, 0, 0, StepTimes(0.3, 10.0, 0.01, 10.3))
 
 
 def test_the_lookup_back_off_leaves_an_expensive_drafter_in_play_to_its_own_back_off():

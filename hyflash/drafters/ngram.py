@@ -41,6 +41,12 @@ _PRIOR_TABLE = torch.tensor([row + (row[-1],) * (32 - len(row)) for row in ACCEP
 _NO_TOKENS = torch.empty(0, dtype=torch.long)
 
 
+def confidence_reference(n: int, length: int) -> torch.Tensor:
+    """The plain definition `NgramDrafter.confidence` reads from its table (tests hold the two equal)."""
+    row = ACCEPTANCE_PRIOR[min(n, len(ACCEPTANCE_PRIOR)) - 1]
+    return torch.tensor([row[min(j, len(row) - 1)] for j in range(length)])
+
+
 class NgramDrafter(Drafter):
     needs_features = False
     is_expensive = False
@@ -77,11 +83,9 @@ class NgramDrafter(Drafter):
         """The prior acceptance of each slot of a `length`-token draft from an n-token match (ACCEPTANCE_PRIOR).
         Read from a table made once: the loop asks every step, right after a pass, when building a tensor from a
         list costs ~10x its warm time."""
-        row = min(n, len(ACCEPTANCE_PRIOR)) - 1
         if length <= _PRIOR_TABLE.shape[1]:
-            return _PRIOR_TABLE[row, :length]  # a view: nothing writes to a draft's confidence
-        prior = ACCEPTANCE_PRIOR[row]
-        return torch.tensor([prior[min(j, len(prior) - 1)] for j in range(length)])
+            return _PRIOR_TABLE[min(n, len(ACCEPTANCE_PRIOR)) - 1, :length]  # a view: nothing writes to it
+        return confidence_reference(n, length)
 
     def memory_bytes(self) -> int:
         return self._history.nbytes()
