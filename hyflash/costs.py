@@ -124,6 +124,10 @@ class LiveCosts:
         self.plain_factor = Ema(self.alpha)
         self.propose = {True: Ema(self.alpha), False: Ema(self.alpha)}  # by whether the expensive drafter ran
         self.ingest_per_token = Ema(self.alpha)
+        # The ingest of a step that committed one token: what keeping the drafter fed costs an idle (plain) step.
+        # Not ingest_per_token: the ingest is mostly a fixed cost a step (transformers fp32: ~1 ms whether the
+        # step commits 1 token or 8), so a per-token average swings with the acceptance of the last steps.
+        self.idle_ingest = Ema(self.alpha)
         self.loop = Ema(self.alpha)  # the step's time outside drafting, the pass and ingest
 
     def _factor(self, q: int) -> float:
@@ -169,6 +173,8 @@ class LiveCosts:
                 self.propose[proposed].add(times.draft)
             if times.ingest > 0:
                 self.ingest_per_token.add(times.ingest / max(1, tokens))
+        if times.ingest > 0 and tokens == 1:  # plain steps too: the drafter is fed on them while it rests
+            self.idle_ingest.add(times.ingest)
         self.loop.add(max(0.0, times.total - times.draft - times.verify - times.ingest))
 
     def draft_ms(self) -> float:
@@ -183,6 +189,10 @@ class LiveCosts:
         if self.ingest_per_token.value is not None:
             return self.ingest_per_token.value
         return 0.0 if self.curve is None else (self.curve.ingest_ms or 0.0)
+
+    def idle_ingest_ms(self) -> float:
+        """The drafter's ingest on a step that commits one token: measured, else as ingest_ms() has it."""
+        return self.idle_ingest.value if self.idle_ingest.value is not None else self.ingest_ms()
 
     def loop_ms(self) -> float:
         return self.loop.value or 0.0

@@ -58,10 +58,14 @@ class PolicyConfig:
     # Unpaid probes at the longest back-off before an expensive drafter sits out the rest of the generation
     # (0 = never). Its ingest and the target's features cost every step even while it backs off.
     retire_after: int = 2
-    # ...but only where an idle drafter costs: its measured ingest per token is at least this share of a
-    # one-token step (llama.cpp Q4_1 here: 2.9%; transformers fp32 0.5%, where retiring a drafter that
-    # pays later cost more than it saved: experiments/retire-transformers/).
-    retire_min_idle_share: float = 0.015
+    # ...but only where an idle drafter costs: the target's features and the drafter's ingest on a one-token
+    # step, as measured in the generation, are at least this share of a plain step. Measured right after a
+    # pass (AMD EPYC Zen 4, 2 cores): llama.cpp Q4_1 10-15% (0.24 ms of features, ~0.75 ms of ingest on 7 ms);
+    # transformers fp32 ~2% (~1 ms of ingest on 53 ms), where retiring a drafter that pays later cost more than
+    # it saved (experiments/retire-transformers/; and a guard fall-back that retired it at 1.5% made code 128
+    # 1.35x where it runs 1.9x: experiments/never_slower/README.md). The calibrated, warm ingest (0.3-0.4 ms) is
+    # a third of what a step pays.
+    retire_min_idle_share: float = 0.04
     # Passes after which a generation's ledger is read: the time its expensive drafts were expected to save over
     # the cheap drafts (or plain steps), less their drafting time and the features and ingest every pass pays
     # while the drafter is in use. Below zero, the drafter retires (with retire_after > 0; 0 here = never).
@@ -165,7 +169,8 @@ class SpeculationPolicy:
         self.max_draft = 0  # the expensive drafter's longest draft (start_run; 0: there is none)
         self.saved_ms, self.drafted = 0.0, False
         self.retired_at: int | None = None  # verification step at which the expensive drafter retired
-        self.retired_by_guard = False  # ...in a fall-back to plain steps (not held against it in later runs)
+        self.retired_by_guard = False  # ...in a fall-back to plain steps
+        self.retired_idle_share = 0.0  # idle_drafter_share() when it retired (later runs rest only if it was dear)
         self.proposed: bool | None = None  # this step: None, the drafter did not run; else whether its expensive part did
         self.context = 0  # the context of the last step observed
         self.start_context = 0  # the prompt's length (start_run)
@@ -188,13 +193,15 @@ class SpeculationPolicy:
         self.lengths.clear()
         if self.steps and self.retired_at != 0:
             # The last generation tried the drafter from its start: back off over generations if it retired
-            # (by back-off, ledger or the guard: each only where an idle drafter costs, as on llama.cpp, where a
-            # generation that starts without it also runs without the eval callback).
-            retired = self.retired_at is not None
+            # (by back-off, ledger or the guard) where an idle drafter costs, as on llama.cpp, where a generation
+            # that starts without it also runs without the eval callback. Where it costs little (transformers),
+            # the next generation tries it again: in the never-slower suite a ledger that read -10 ms (noise
+            # around zero) on one prompt made the next, a chat prompt where the drafter runs 2.1x, sit out (1.6x).
+            retired = self.retired_at is not None and self.retired_idle_share >= self.config.retire_min_idle_share
             self.retired_runs = self.retired_runs + 1 if retired else 0
             self.rest_runs = min(2 ** (self.retired_runs - 1), self.config.max_rest_runs) if self.retired_runs else 0
         self.skip = self.skip_left = self.misses_at_max = self.steps = 0
-        self.retired_at, self.retired_by_guard, self.proposed = None, False, None
+        self.retired_at, self.retired_by_guard, self.proposed, self.retired_idle_share = None, False, None, 0.0
         self.live.reset()
         if self.guard:
             self.guard.reset()
@@ -230,16 +237,25 @@ class SpeculationPolicy:
     def retire_expensive(self) -> bool:
         return self.retired_at is not None
 
-    def idle_ms(self, tokens: int = 1) -> float:
+    def idle_ms(self, tokens: int = 1, ingest_ms: float | None = None) -> float:
         """What keeping the drafter in use costs on a pass that commits `tokens`, drafting or not: the target's
-        features and the drafter's ingest (0 if unmeasured)."""
+        features and the drafter's ingest: ingest_ms, as the step measured it, else estimated per token (0 if
+        unmeasured). The measured one where there is one: the ingest is mostly a fixed cost a step (~1 ms on
+        transformers fp32 for 1 token or 8), so the per-token estimate charged a step that committed 8 tokens
+        ~5 ms, and the ledger retired drafters that paid."""
         if self.curve is None:
             return 0.0
-        return (self.curve.feature_ms or 0.0) + self.live.ingest_ms() * tokens
+        return (self.curve.feature_ms or 0.0) + (self.live.ingest_ms() * tokens if ingest_ms is None else ingest_ms)
 
     def idle_drafter_share(self) -> float:
-        """What keeping a resting drafter costs per step, as a share of a one-token step (0 if unmeasured)."""
-        return 0.0 if self.curve is None else self.idle_ms() / self.live.pass_ms(1, self.curve.contexts[0])
+        """What keeping a resting drafter costs a step (the target's features and the ingest of one token, as
+        measured), as a share of a one-token pass at the shortest calibrated context (0 without a curve). Not at
+        the generation's context: on llama.cpp what the eval callback adds grows with the context beyond the
+        calibrated feature_ms, so the short-context share is the lower bound."""
+        if self.curve is None:
+            return 0.0
+        idle = (self.curve.feature_ms or 0.0) + self.live.idle_ingest_ms()
+        return idle / self.live.pass_ms(1, self.curve.contexts[0])
 
     def pass_cost(self, q: int, context: int) -> float:
         """c(q) at this context: calibrated, corrected by the passes this generation measured."""
@@ -411,7 +427,7 @@ class SpeculationPolicy:
             self.skip_left = self.skip
             if (self.config.retire_after and self.misses_at_max >= self.config.retire_after
                     and self.retired_at is None and self.idle_drafter_share() >= self.config.retire_min_idle_share):
-                self.retired_at = self.steps
+                self._retire()
 
     def _lookup_back_off(self, verified: bool) -> None:
         """After an adaptive plan of the cheap lookup's drafts alone (no expensive drafter in this generation, or it
@@ -451,12 +467,17 @@ class SpeculationPolicy:
                 # ingesting and drafts again at the next probe, where it may pay.
                 if (not self.guard.paused and self.retired_at is None
                         and self.idle_drafter_share() >= self.config.retire_min_idle_share):
-                    self.retired_at, self.retired_by_guard = self.steps, True
+                    self._retire(by_guard=True)
         if self.drafted and self.retired_at is None:
-            self.saved_ms -= self.idle_ms(n_accepted + 1)
+            self.saved_ms -= self.idle_ms(n_accepted + 1, None if times is None or times.ingest <= 0 else times.ingest)
             if (self.config.retire_after and self.config.ledger_after and self.steps >= self.config.ledger_after
                     and self.saved_ms < 0):
-                self.retired_at = self.steps
+                self._retire()
+
+    def _retire(self, by_guard: bool = False) -> None:
+        """The expensive drafter sits out the rest of the generation (and, where idling it cost, the next ones)."""
+        self.retired_at, self.retired_by_guard = self.steps, by_guard
+        self.retired_idle_share = self.idle_drafter_share()
 
     def worth_dropping_features(self, steps_left: int, move_ms: float, context: int) -> bool:
         """Whether moving a sequence off the target's feature machinery (move_ms: llama.cpp copies its cache to

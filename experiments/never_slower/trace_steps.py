@@ -22,8 +22,8 @@ from hyflash.policy import PolicyConfig, SpeculationPolicy
 from hyflash.sampling import SamplingConfig
 
 
-def traced_policy(curve) -> tuple[SpeculationPolicy, list[tuple]]:
-    policy, trace = SpeculationPolicy(curve, PolicyConfig.for_run()), []
+def traced_policy(curve, keep_drafter: bool = False) -> tuple[SpeculationPolicy, list[tuple]]:
+    policy, trace = SpeculationPolicy(curve, PolicyConfig.for_run(keep_drafter=keep_drafter)), []
     observe = policy.observe
 
     def recording(plan, n_accepted, context=0, times=None):
@@ -54,6 +54,11 @@ def main() -> int:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--dtype", default="auto", help="float32 for the suite's transformers runs")
     parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--steps", type=int, default=30, help="steps of each default generation to print")
+    parser.add_argument("--keep-drafter", action="store_true", help="as generate --keep-drafter: never retire it")
+    parser.add_argument("--shared-policy", action="store_true",
+                        help="one policy for all default generations, as the bench and the server have (what one "
+                        "generation learns and retires carries into the next)")
     args = parser.parse_args()
     set_torch_threads()
     target, drafter, _, choice = engine.load(args.model, args.dtype, "default", backend=args.backend)
@@ -61,9 +66,11 @@ def main() -> int:
     missing = [p for p in args.prompts if p not in items]
     if missing:
         parser.error(f"not in the never-slower set: {missing}; it has {sorted(items)}")
+    shared = traced_policy(choice.curve, args.keep_drafter)
     for item_id in args.prompts:
         for name, used in (("plain", None), ("default", drafter)) * 2:
-            policy, trace = traced_policy(choice.curve)
+            policy, trace = shared if args.shared_policy and used else traced_policy(choice.curve, args.keep_drafter)
+            trace.clear()
             result = generate(target, list(items[item_id].ids), used, max_new_tokens=args.max_new_tokens,
                               sampling=SamplingConfig(), policy=policy)
             decode_s = result.total_time - result.prefill_time
@@ -73,8 +80,10 @@ def main() -> int:
                 for kind, (steps, draft, verify, ingest, total) in by_kind(trace).items():
                     print(f"   {kind}: {steps:.0f} steps, draft {draft:.1f} + pass {verify:.1f} + ingest {ingest:.1f}"
                           f" = {total:.1f} ms")
-                print("   first 30 steps:", trace[:30])
+                print(f"   first {args.steps} steps:", trace[:args.steps])
                 print("   policy:", result.policy)
+                print(f"   idle drafter share of a step at the end: {policy.idle_drafter_share():.4f} (ingest "
+                      f"{policy.live.ingest_ms():.2f} ms a token, features {choice.curve.feature_ms or 0.0:.2f} ms)")
     return 0
 
 
