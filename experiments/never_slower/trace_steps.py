@@ -1,7 +1,8 @@
 """Where a `--drafter default` generation loses to plain decoding, step by step (issue 36).
 
 Runs plain and default generations of the never-slower prompts named on the command line, twice each, with a
-fresh policy per generation as `hyflash generate` has, and prints per default generation the time of its steps by
+fresh policy per generation as `hyflash generate` has (`--shared-policy`: one policy for all, as the bench and
+the server keep it), and prints per default generation the time of its steps by
 kind (speculative: a draft verified; probe: the loop drafted but verified nothing; plain: the guard's plain
 steps), each split into drafting, the target pass, and the drafter's ingest, plus its first 30 steps as
 (draft length, accepted, draft ms, verify ms, ingest ms, step ms, drafter retired, guard's plain steps left).
