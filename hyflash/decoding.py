@@ -165,7 +165,7 @@ def generate(
     policy = policy or SpeculationPolicy()
     expensive = drafter is not None and drafter.is_expensive
     policy.start_run(reads_features=drafter is not None and drafter.needs_features, context=len(prompt),
-                     max_draft=drafter.block_size - 1 if expensive else 0)
+                     max_draft=drafter.block_size - 1 if expensive else 0, temperature=sampling.temperature)
     active, want_features = _drafting(drafter, policy)
     # Never run past the model's context: the last committed token needs no target pass of its own.
     max_new_tokens = min(max_new_tokens, target.max_context - len(prompt))

@@ -173,6 +173,7 @@ class SpeculationPolicy:
         self.retired_idle_share = 0.0  # idle_drafter_share() when it retired (later runs rest only if it was dear)
         self.proposed: bool | None = None  # this step: None, the drafter did not run; else whether its expensive part did
         self.context = 0  # the context of the last step observed
+        self.temperature = 0.0  # the generation's sampling temperature, to 0.1 (start_run)
         self.start_context = 0  # the prompt's length (start_run)
         self.reads_features = True  # the drafter reads the target's features (start_run says)
         self.steps = 0
@@ -180,11 +181,14 @@ class SpeculationPolicy:
         self.sources: Counter = Counter()  # steps whose verified draft came from each source
         self.lengths: Counter = Counter()  # verified draft length k -> steps
 
-    def start_run(self, reads_features: bool = True, context: int = 0, max_draft: int = 0) -> None:
-        """A new generation: per-run statistics restart; what was learned about acceptance is kept.
+    def start_run(self, reads_features: bool = True, context: int = 0, max_draft: int = 0,
+                  temperature: float = 0.0) -> None:
+        """A new generation: per-run statistics restart; what was learned about acceptance is kept, per
+        temperature (`_calibrated_as`).
         reads_features: the drafter reads the target's features (until its expensive part retires).
         context, max_draft: the prompt's length and the expensive drafter's longest draft (0: no expensive
         drafter), for the start decision (`start_retired_above`)."""
+        self.temperature = round(temperature, 1)
         self.reads_features = reads_features
         self.context = self.start_context = context
         self.max_draft = max_draft
@@ -366,10 +370,10 @@ class SpeculationPolicy:
         tree = build_tree(block.slot_probs.float().cpu(), budget, None if block.vocab_ids is None else block.vocab_ids.cpu(),
                           chains=[c.tokens.tolist() for c in chains])
         conf = block.confidence_or_default()
-        scale = [a / max(c, 1e-6) for a, c in zip(self.calibrator.estimate(block.source, conf), conf.tolist())]
+        scale = [a / max(c, 1e-6) for a, c in zip(self.calibrator.estimate(self._calibrated_as(block.source), conf), conf.tolist())]
         chain_tokens = {}
         for c in chains:  # n-gram nodes: their calibrated acceptance, per depth
-            est = self.calibrator.estimate(c.source, c.confidence_or_default())
+            est = self.calibrator.estimate(self._calibrated_as(c.source), c.confidence_or_default())
             for depth, (tok, a) in enumerate(zip(c.tokens.tolist(), est)):
                 chain_tokens[depth, tok] = max(chain_tokens.get((depth, tok), 0.0), a)
         lookup = {} if block.vocab_ids is None else {int(t): i for i, t in enumerate(block.vocab_ids.tolist())}
@@ -397,7 +401,7 @@ class SpeculationPolicy:
 
     def _gains(self, draft: Draft) -> list[float]:
         """Expected tokens committed when verifying the first k of this draft, k = 0..len (calibrated)."""
-        return expected_committed(self.calibrator.estimate(draft.source, draft.confidence_or_default()))
+        return expected_committed(self.calibrator.estimate(self._calibrated_as(draft.source), draft.confidence_or_default()))
 
     def _rate_without_expensive(self, candidates: list[Draft], gains: list[list[float]], pass_cost) -> float:
         """Expected committed tokens per ms of the best plan that no expensive draft is part of: a plain step,
@@ -442,6 +446,13 @@ class SpeculationPolicy:
             self.lookup_skip = min(max(1, 2 * self.lookup_skip), self.config.max_lookup_skip)
         self.lookup_skip_left = self.lookup_skip
 
+    def _calibrated_as(self, source: str) -> str:
+        """The calibrator's key for a draft source: acceptance is learned per temperature. A token the greedy
+        target accepts ~90% of the time (a long n-gram match) is accepted at T = 0.7 only as often as the target
+        samples it, so what greedy generations taught made the next sampled ones verify drafts they rejected
+        (the bench and the server keep one policy across generations at several temperatures)."""
+        return source if self.temperature == 0 else f"{source}@T{self.temperature:g}"
+
     def _take(self, draft: Draft, k: int) -> Draft:
         self.sources[draft.source] += 1
         self.lengths[k] += 1
@@ -455,7 +466,7 @@ class SpeculationPolicy:
         self.context = context
         proposed, self.proposed = self.proposed, None
         if draft is not None and len(draft.tokens):
-            self.calibrator.update(draft.source, draft.confidence_or_default(), n_accepted)
+            self.calibrator.update(self._calibrated_as(draft.source), draft.confidence_or_default(), n_accepted)
         if times is not None:
             q = 1 + (0 if draft is None else len(draft.tokens))
             self.live.features = self.reads_features and self.retired_at is None  # (see LiveCosts.features)

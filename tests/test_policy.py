@@ -288,6 +288,29 @@ def test_hybrid_reports_which_source_won(llama_target):
     assert sources.get("ngram", 0) > sources.get("drafter", 0), sources
 
 
+def test_acceptance_is_learned_per_temperature(llama_target):
+    """Greedy generations that accepted every draft of a source teach nothing about sampled ones, which start
+    from the prior, learn on their own, and leave the greedy estimate as it was."""
+    lookup = draft([0.55, 0.55, 0.55], source="ngram", expensive=False)
+    fresh = SpeculationPolicy(curve([10, 11, 12, 13]))._gains(lookup)
+    policy = SpeculationPolicy(curve([10, 11, 12, 13]))
+    policy.start_run(temperature=0.0)
+    for _ in range(40):
+        policy.observe(lookup, 3)
+    greedy = policy._gains(lookup)
+    assert greedy[3] > fresh[3] + 1
+    policy.start_run(temperature=0.7)
+    assert policy._gains(lookup) == fresh
+    for _ in range(40):
+        policy.observe(lookup, 0)
+    assert policy._gains(lookup)[3] < 1.1
+    policy.start_run(temperature=0.0)
+    assert policy._gains(lookup) == greedy
+    generate(llama_target, [3, 4, 5, 6] * 4, NgramDrafter(4), max_new_tokens=3, policy=policy,
+             sampling=SamplingConfig(temperature=0.7))
+    assert policy.temperature == 0.7  # the loop tells the policy the generation's temperature
+
+
 def test_an_expensive_drafter_that_never_pays_retires_for_the_rest_of_the_run():
     policy = SpeculationPolicy(curve([10, 15, 17, 18], ingest_ms=0.5), PolicyConfig(max_skip=2, retire_after=2))
     probes = 0
