@@ -59,12 +59,12 @@ class PolicyConfig:
     # (0 = never). Its ingest and the target's features cost every step even while it backs off.
     retire_after: int = 2
     # ...but only where an idle drafter costs: the target's features and the drafter's ingest on a one-token
-    # step, as measured in the generation, are at least this share of a plain step. Measured right after a
-    # pass (AMD EPYC Zen 4, 2 cores): llama.cpp Q4_1 10-15% (0.24 ms of features, ~0.75 ms of ingest on 7 ms);
-    # transformers fp32 ~2% (~1 ms of ingest on 53 ms), where retiring a drafter that pays later cost more than
-    # it saved (experiments/retire-transformers/; and a guard fall-back that retired it at 1.5% made code 128
-    # 1.35x where it runs 1.9x: experiments/never_slower/README.md). The calibrated, warm ingest (0.3-0.4 ms) is
-    # a third of what a step pays.
+    # step, as measured in the generation, are at least this share of a one-token pass (idle_drafter_share).
+    # Measured right after a pass (AMD EPYC Zen 4, 2 cores): llama.cpp Q4_1 10-15% (0.24 ms of features, ~0.75 ms
+    # of ingest on 7 ms); transformers fp32 ~2% (~1 ms of ingest on 53 ms), where retiring a drafter that pays
+    # later cost more than it saved (experiments/retire-transformers/; and a guard fall-back that retired it at
+    # 1.5% made code 128 1.35x where it runs 1.9x: experiments/never_slower/README.md). The calibrated, warm
+    # ingest (0.3-0.4 ms) is a third of what a step pays.
     retire_min_idle_share: float = 0.04
     # Passes after which a generation's ledger is read: the time its expensive drafts were expected to save over
     # the cheap drafts (or plain steps), less their drafting time and the features and ingest every pass pays
