@@ -170,7 +170,7 @@ class SpeculationPolicy:
         self.saved_ms, self.drafted = 0.0, False
         self.retired_at: int | None = None  # verification step at which the expensive drafter retired
         self.retired_by_guard = False  # ...in a fall-back to plain steps
-        self.retired_idle_share = 0.0  # idle_drafter_share() when it retired (later runs rest only if it was dear)
+        self.retired_dear = False  # ...where feeding it idle was dear then (`_idle_is_dear`): later runs rest
         self.proposed: bool | None = None  # this step: None, the drafter did not run; else whether its expensive part did
         self.context = 0  # the context of the last step observed
         self.temperature = 0.0  # the generation's sampling temperature, to 0.1 (start_run)
@@ -201,11 +201,11 @@ class SpeculationPolicy:
             # that starts without it also runs without the eval callback. Where it costs little (transformers),
             # the next generation tries it again: in the never-slower suite a ledger that read -10 ms (noise
             # around zero) on one prompt made the next, a chat prompt where the drafter runs 2.1x, sit out (1.6x).
-            retired = self.retired_at is not None and self.retired_idle_share >= self.config.retire_min_idle_share
+            retired = self.retired_at is not None and self.retired_dear
             self.retired_runs = self.retired_runs + 1 if retired else 0
             self.rest_runs = min(2 ** (self.retired_runs - 1), self.config.max_rest_runs) if self.retired_runs else 0
         self.skip = self.skip_left = self.misses_at_max = self.steps = 0
-        self.retired_at, self.retired_by_guard, self.proposed, self.retired_idle_share = None, False, None, 0.0
+        self.retired_at, self.retired_by_guard, self.retired_dear, self.proposed = None, False, False, None
         self.live.reset()
         if self.guard:
             self.guard.reset()
@@ -258,8 +258,11 @@ class SpeculationPolicy:
         calibrated feature_ms, so the short-context share is the lower bound."""
         if self.curve is None:
             return 0.0
-        idle = (self.curve.feature_ms or 0.0) + self.live.idle_ingest_ms()
-        return idle / self.live.pass_ms(1, self.curve.contexts[0])
+        return self.idle_ms(ingest_ms=self.live.idle_ingest_ms()) / self.live.pass_ms(1, self.curve.contexts[0])
+
+    def _idle_is_dear(self) -> bool:
+        """Whether feeding a resting drafter costs enough of a step to retire it (`retire_min_idle_share`)."""
+        return self.idle_drafter_share() >= self.config.retire_min_idle_share
 
     def pass_cost(self, q: int, context: int) -> float:
         """c(q) at this context: calibrated, corrected by the passes this generation measured."""
@@ -370,7 +373,8 @@ class SpeculationPolicy:
         tree = build_tree(block.slot_probs.float().cpu(), budget, None if block.vocab_ids is None else block.vocab_ids.cpu(),
                           chains=[c.tokens.tolist() for c in chains])
         conf = block.confidence_or_default()
-        scale = [a / max(c, 1e-6) for a, c in zip(self.calibrator.estimate(self._calibrated_as(block.source), conf), conf.tolist())]
+        estimate = self.calibrator.estimate(self._calibrated_as(block.source), conf)
+        scale = [a / max(c, 1e-6) for a, c in zip(estimate, conf.tolist())]
         chain_tokens = {}
         for c in chains:  # n-gram nodes: their calibrated acceptance, per depth
             est = self.calibrator.estimate(self._calibrated_as(c.source), c.confidence_or_default())
@@ -390,7 +394,8 @@ class SpeculationPolicy:
         else:
             n = max(range(longest + 1), key=lambda m: (1 + cum[m]) / pass_cost(m + 1))
         self.lengths[n] += 1
-        without, cost = self._rate_without_expensive(chains, [self._gains(c) for c in chains], pass_cost), pass_cost(n + 1)
+        without = self._rate_without_expensive(chains, [self._gains(c) for c in chains], pass_cost)
+        cost = pass_cost(n + 1)
         self._back_off(candidates, paid=n > 0 and (1 + cum[n]) / (cost + self.draft_ms()) > without)
         self._account(candidates, 1 + cum[n] if n else 0.0, cost if n else 0.0, without)
         if n == 0:
@@ -401,7 +406,8 @@ class SpeculationPolicy:
 
     def _gains(self, draft: Draft) -> list[float]:
         """Expected tokens committed when verifying the first k of this draft, k = 0..len (calibrated)."""
-        return expected_committed(self.calibrator.estimate(self._calibrated_as(draft.source), draft.confidence_or_default()))
+        key = self._calibrated_as(draft.source)
+        return expected_committed(self.calibrator.estimate(key, draft.confidence_or_default()))
 
     def _rate_without_expensive(self, candidates: list[Draft], gains: list[list[float]], pass_cost) -> float:
         """Expected committed tokens per ms of the best plan that no expensive draft is part of: a plain step,
@@ -430,7 +436,7 @@ class SpeculationPolicy:
             self.skip = 0 if paid else min(max(1, 2 * self.skip), self.config.max_skip)
             self.skip_left = self.skip
             if (self.config.retire_after and self.misses_at_max >= self.config.retire_after
-                    and self.retired_at is None and self.idle_drafter_share() >= self.config.retire_min_idle_share):
+                    and self.retired_at is None and self._idle_is_dear()):
                 self._retire()
 
     def _lookup_back_off(self, verified: bool) -> None:
@@ -476,19 +482,18 @@ class SpeculationPolicy:
                 # Idle steps must cost nothing: where keeping the drafter fed costs (its ingest and the target's
                 # features), it retires for the generation; where that is negligible (transformers), it keeps
                 # ingesting and drafts again at the next probe, where it may pay.
-                if (not self.guard.paused and self.retired_at is None
-                        and self.idle_drafter_share() >= self.config.retire_min_idle_share):
+                if not self.guard.paused and self.retired_at is None and self._idle_is_dear():
                     self._retire(by_guard=True)
         if self.drafted and self.retired_at is None:
-            self.saved_ms -= self.idle_ms(n_accepted + 1, None if times is None or times.ingest <= 0 else times.ingest)
+            measured = None if times is None or times.ingest <= 0 else times.ingest
+            self.saved_ms -= self.idle_ms(n_accepted + 1, measured)
             if (self.config.retire_after and self.config.ledger_after and self.steps >= self.config.ledger_after
                     and self.saved_ms < 0):
                 self._retire()
 
     def _retire(self, by_guard: bool = False) -> None:
         """The expensive drafter sits out the rest of the generation (and, where idling it cost, the next ones)."""
-        self.retired_at, self.retired_by_guard = self.steps, by_guard
-        self.retired_idle_share = self.idle_drafter_share()
+        self.retired_at, self.retired_by_guard, self.retired_dear = self.steps, by_guard, self._idle_is_dear()
 
     def worth_dropping_features(self, steps_left: int, move_ms: float, context: int) -> bool:
         """Whether moving a sequence off the target's feature machinery (move_ms: llama.cpp copies its cache to

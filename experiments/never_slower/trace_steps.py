@@ -67,11 +67,11 @@ def main() -> int:
     missing = [p for p in args.prompts if p not in items]
     if missing:
         parser.error(f"not in the never-slower set: {missing}; it has {sorted(items)}")
-    shared = traced_policy(choice.curve, args.keep_drafter)
+    shared = traced_policy(choice.curve, args.keep_drafter) if args.shared_policy else None
     for item_id in args.prompts:
         for name, used in (("plain", None), ("default", drafter)) * 2:
-            policy, trace = shared if args.shared_policy and used else traced_policy(choice.curve, args.keep_drafter)
-            trace.clear()
+            policy, trace = shared if shared and used else traced_policy(choice.curve, args.keep_drafter)
+            trace.clear()  # (a shared policy's trace holds the generation before)
             result = generate(target, list(items[item_id].ids), used, max_new_tokens=args.max_new_tokens,
                               sampling=SamplingConfig(), policy=policy)
             decode_s = result.total_time - result.prefill_time
@@ -83,8 +83,9 @@ def main() -> int:
                           f" = {total:.1f} ms")
                 print(f"   first {args.steps} steps:", trace[:args.steps])
                 print("   policy:", result.policy)
-                print(f"   idle drafter share of a step at the end: {policy.idle_drafter_share():.4f} (ingest "
-                      f"{policy.live.ingest_ms():.2f} ms a token, features {choice.curve.feature_ms or 0.0:.2f} ms)")
+                print(f"   idle drafter share of a step at the end: {policy.idle_drafter_share():.4f} (ingest of a "
+                      f"one-token step {policy.live.idle_ingest_ms():.2f} ms, features "
+                      f"{choice.curve.feature_ms or 0.0:.2f} ms)")
     return 0
 
 
