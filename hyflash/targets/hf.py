@@ -24,6 +24,7 @@ from transformers.utils import logging as hf_logging
 from hyflash.errors import HyflashError
 from hyflash.targets.attention import NAME as ATTENTION_NAME
 from hyflash.targets.attention import use_for
+from hyflash.targets import linear
 from hyflash.targets.base import (
     BUILTIN_MODELS,
     DEFAULT_MODEL,
@@ -168,7 +169,10 @@ def hf_identity(dtype: str) -> dict:
     """The transformers backend's part of a calibration key for `dtype` (see HFTarget.identity)."""
     # The attention a CPU target runs (see targets/attention.py): curves of the old kernels are stale.
     attention = ATTENTION_NAME if dtype in ("bfloat16", "float16") else f"{ATTENTION_NAME}-shared-kv"
-    return {"backend": "transformers", "transformers": transformers.__version__, "attention": attention}
+    identity = {"backend": "transformers", "transformers": transformers.__version__, "attention": attention}
+    if dtype == "float32":  # verify passes' linears (targets/linear.py)
+        identity["linear"] = linear.KERNEL
+    return identity
 
 
 class HFTarget(BaseTarget):
@@ -179,6 +183,7 @@ class HFTarget(BaseTarget):
     def __init__(self, model, tokenizer=None, feature_layers: tuple[int, ...] | None = None, name: str = ""):
         self.model = model.eval()
         use_for(self.model)  # on CPU: few-query passes skip SDPA's slow bf16 kernel and fp32 key/value copies
+        linear.use_for(self.model)  # on CPU in fp32: verify passes take the few-rows kernel
         self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "_name_or_path", "") or model.config.model_type
         text_config = model.config.get_text_config()
@@ -294,10 +299,11 @@ class HFTarget(BaseTarget):
         ids = torch.as_tensor(ids, dtype=torch.long, device=self.device)
         if self.cache_length + ids.shape[-1] > self.max_context:
             raise HyflashError(f"sequence would exceed the model's context of {self.max_context} tokens")
-        if tree is None:
-            return self._forward(ids, features)
-        mask, positions = self._tree_mask(*tree)
-        return self._forward(ids, features, attention_mask=mask, position_ids=positions)
+        with linear.verify_passes():
+            if tree is None:
+                return self._forward(ids, features)
+            mask, positions = self._tree_mask(*tree)
+            return self._forward(ids, features, attention_mask=mask, position_ids=positions)
 
     def _tree_mask(self, ancestors: torch.Tensor, offsets: torch.Tensor):
         """A boolean [1, 1, q, past + q] mask (True = may attend) and positions [1, q] for a tree block; for
