@@ -1,21 +1,21 @@
 """Linear layers for verify passes on CPU in float32: W @ x^T instead of x @ W^T for a few rows.
 
 A verify pass runs 2-16 token positions through every linear layer. torch hands x @ W^T with a few rows of x to
-MKL's sgemm, which on an AMD EPYC (Zen 4, 2 threads) takes about as long per row as a one-token step takes in
-all: SmolLM2's output head (49,152 x 576) took 8.7 ms for 1 row, 19 ms for 2 and 28 ms for 3. The same product
+MKL's sgemm, which on an AMD EPYC (Zen 4, 2 threads) costs about as much per row as the one-row product:
+SmolLM2's output head (49,152 x 576) took 8.7 ms for 1 row, 19 ms for 2 and 28 ms for 3. The same product
 computed as W @ x^T (the rows as the narrow side of the product) took 2.9 ms for 2 rows and 4.0 ms for 3. Over
-the whole model at 300 tokens of context a 2-token pass went from 1.56 one-token steps to 0.91, a 4-token one
-from 1.48 to 0.96 (`experiments/never_slower/few_query_linear.py`), which is the whole margin speculative decoding
-works with on a 2-core CPU.
+the whole model at 256 tokens of context a 2-token pass went from 1.62 one-token steps to 0.55, a 4-token one
+from 1.51 to 0.73 (`experiments/never_slower/few-query-linear/`): the margin speculative decoding works with on
+a 2-core CPU. (The output is made contiguous: attention kernels given the transposed view took a slow path.)
 
 Lossless: one-token steps, prefills and anything batched keep torch's own kernel bit for bit, so plain decoding
-is unchanged; a verify pass's logits differ from the stock kernel's in the last bits (|d| ~1e-5 on SmolLM2's
+is unchanged; a verify pass's logits differ from the stock kernel's in the last bits (up to 5.5e-5 on SmolLM2's
 logits), as stock multi-row passes already differ from one-token steps. The calibration key names the kernel
 (`KERNEL`), so curves measured without it are re-measured.
 
 Applied only inside `verify_passes()` (HFTarget.score), only to float32 linears on the CPU, only for batch-1
-inputs with few rows: which rows count as few is measured per layer shape (`FewRowsConfig`), since for the
-small square layers the stock kernel wins again from 5 rows on here. bf16 keeps torch's kernel: oneDNN's bf16
+inputs with few rows: how many count as few depends on the layer's shape (`FewRowsConfig`), since for the
+smaller layers torch's kernel wins again from 12 rows on here. bf16 keeps torch's kernel: oneDNN's bf16
 path was as fast or faster at every row count measured.
 """
 
@@ -50,7 +50,7 @@ class FewRowsLinear(torch.nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _in_verify_pass.get() and x.dim() == 3 and x.shape[0] == 1 and 2 <= x.shape[1] <= self._max_rows():
-            out = (self.weight @ x[0].t()).t().contiguous().unsqueeze(0)  # (attention kernels want rows)
+            out = (self.weight @ x[0].t()).t().contiguous().unsqueeze(0)
             return out if self.bias is None else out + self.bias
         return F.linear(x, self.weight, self.bias)
 
