@@ -6,7 +6,8 @@ median of `--repeats` passes, stock and few-rows interleaved so that both see th
 difference is the max |logit difference| between the two kernels for the same block, over q = 2..16 (one-token
 steps never take the kernel).
 
-    ../shared/bin/heavy .venv/bin/python -m experiments.never_slower.few_query_linear --out experiments/never_slower/few-query-linear
+    ../shared/bin/heavy .venv/bin/python -m experiments.never_slower.few_query_linear \
+        --out experiments/never_slower/few-query-linear
 
 Writes results.json and results.md (the table docs/engine.md quotes) and a plot of c(q)/c(1), both kernels.
 """
@@ -77,7 +78,8 @@ def markdown(result: dict) -> str:
         "",
         "c(q)/c(1): a pass over q tokens against a one-token step (which keeps torch's kernel either way).",
         "",
-        "| context | kernel | c(1) | " + " | ".join(f"q={q}" for q in QS[1:]) + " | max \\|logit diff\\| | argmax same |",
+        "| context | kernel | c(1) | " + " | ".join(f"q={q}" for q in QS[1:])
+        + " | max \\|logit diff\\| | argmax same |",
         "|---:|---|---:|" + "---:|" * (len(QS) - 1) + "---:|---|",
     ]
     for row in result["rows"]:
@@ -125,9 +127,10 @@ def main() -> int:
         rows.append(measure(target, context, args.repeats))
         print(f"context {context}: " + ", ".join(
             f"q={q} {rows[-1]['ms']['stock'][q]:.0f}/{rows[-1]['ms']['few-rows'][q]:.0f} ms" for q in QS), flush=True)
-    result = {"model": args.model, "cpu": cpu_description()[0], "threads": torch.get_num_threads(), "repeats": args.repeats,
-              "command": f"python -m experiments.never_slower.few_query_linear --out {args.out} --contexts {args.contexts} --repeats {args.repeats}",
-              "rows": rows}
+    command = (f"python -m experiments.never_slower.few_query_linear --out {args.out} --contexts {args.contexts} "
+               f"--repeats {args.repeats}")
+    result = {"model": args.model, "cpu": cpu_description()[0], "threads": torch.get_num_threads(),
+              "repeats": args.repeats, "command": command, "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out / "results.json", json.dumps(result, indent=1))
     atomic_write_text(args.out / "results.md", markdown(result))

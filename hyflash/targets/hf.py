@@ -18,13 +18,14 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from hyflash.errors import HyflashError
 from hyflash.targets.attention import NAME as ATTENTION_NAME
 from hyflash.targets.attention import use_for
 from hyflash.targets import linear
+from hyflash.targets.growing_cache import growing_cache
 from hyflash.targets.base import (
     BUILTIN_MODELS,
     DEFAULT_MODEL,
@@ -51,12 +52,13 @@ def large_blocks_mapped(threshold: int = 1 << 20):
     """Within the block, glibc serves blocks of `threshold` bytes or more with their own memory maps, returned to
     the system when freed; after it, blocks up to HEAP_BLOCKS_UP_TO come from the heap again.
 
-    Why: a chunked prefill grows every layer's cached keys and values by concatenation, so each chunk frees 60
-    blocks (SmolLM2) a little smaller than the ones it takes; on the heap those holes stay resident and fit
-    nothing later: +0.17 GB peak RSS at 4k prompt tokens in fp32. Mapped, they go back at once (peak 1.33 ->
-    1.17 GB). Only around the prefill: a decode step copies the whole cache, and faulting fresh maps in for that
-    every step made steps ~1.4x slower (MALLOC_MMAP_THRESHOLD_ for the whole run; AMD EPYC, 4k context). A
-    no-op where the C library is not glibc."""
+    Why: a chunked prefill grows every layer's cached keys and values chunk by chunk (a new, larger buffer
+    each), so each chunk frees 60 blocks (SmolLM2) a little smaller than the ones it takes; on the heap those
+    holes stay resident and fit nothing later: +0.17 GB peak RSS at 4k prompt tokens in fp32. Mapped, they go
+    back at once (peak 1.33 -> 1.17 GB). Only around the prefill: when decode steps copied the whole cache
+    (transformers' DynamicCache, before targets/growing_cache.py), faulting fresh maps in for that every step made
+    steps ~1.4x slower (MALLOC_MMAP_THRESHOLD_ for the whole run; AMD EPYC, 4k context). A no-op where the C
+    library is not glibc."""
     mallopt = _glibc_mallopt()
     if mallopt is None:
         yield
@@ -169,7 +171,9 @@ def hf_identity(dtype: str) -> dict:
     """The transformers backend's part of a calibration key for `dtype` (see HFTarget.identity)."""
     # The attention a CPU target runs (see targets/attention.py): curves of the old kernels are stale.
     attention = ATTENTION_NAME if dtype in ("bfloat16", "float16") else f"{ATTENTION_NAME}-shared-kv"
-    identity = {"backend": "transformers", "transformers": transformers.__version__, "attention": attention}
+    # The cache written in place (targets/growing_cache.py): curves timed on transformers' copying cache are stale.
+    identity = {"backend": "transformers", "transformers": transformers.__version__, "attention": attention,
+                "cache": "growing"}
     if dtype == "float32":  # verify passes' linears (targets/linear.py)
         identity["linear"] = linear.KERNEL
     return identity
@@ -194,7 +198,7 @@ class HFTarget(BaseTarget):
         self.feature_layers = tuple(feature_layers or default_feature_layers(self.num_layers))
         self._check_feature_layers()
         self.eos_token_ids = self._eos_ids()
-        self.cache = DynamicCache()
+        self.cache = growing_cache()
 
     @classmethod
     def load(
@@ -252,7 +256,7 @@ class HFTarget(BaseTarget):
         return self.cache.get_seq_length()
 
     def reset(self) -> None:
-        self.cache = DynamicCache()
+        self.cache = growing_cache()
 
     def kv_bytes(self) -> int:
         """Every tensor of every cache layer."""
