@@ -73,7 +73,7 @@ def test_swap_keeps_weights_tying_and_state_dict_and_skips_bf16():
     assert not use_for(tiny_llama().to(torch.bfloat16))
 
 
-def test_greedy_speculative_text_on_a_float32_target_equals_plain_decoding():
+def test_greedy_speculative_text_on_a_float32_target_equals_plain_decoding(monkeypatch):
     """The verify passes take the kernel (counted), and greedy text is plain decoding's token for token."""
     target = HFTarget(tiny_llama(seed=3, vocab=61))
     assert type(target.model.lm_head) is FewRowsLinear
@@ -81,15 +81,7 @@ def test_greedy_speculative_text_on_a_float32_target_equals_plain_decoding():
     plain = generate(target, prompt, None, max_new_tokens=40, sampling=SamplingConfig())
     used = []
     forward = FewRowsLinear.forward
-
-    def counting(self, x):
-        used.append(x.shape[1])
-        return forward(self, x)
-
-    FewRowsLinear.forward = counting
-    try:
-        speculative = generate(target, prompt, NgramDrafter(), max_new_tokens=40, sampling=SamplingConfig())
-    finally:
-        FewRowsLinear.forward = forward
+    monkeypatch.setattr(FewRowsLinear, "forward", lambda self, x: used.append(x.shape[1]) or forward(self, x))
+    speculative = generate(target, prompt, NgramDrafter(), max_new_tokens=40, sampling=SamplingConfig())
     assert speculative.tokens == plain.tokens
     assert max(used) > 1  # some passes verified drafts

@@ -1,8 +1,9 @@
 """A key/value cache for the transformers backend that grows in place instead of by concatenation.
 
 transformers' DynamicLayer appends a step's keys and values with torch.cat, which copies the layer's whole cache on
-every pass: at 6,144 tokens of context that is 30 layers x 2 x 1.1 MB for SmolLM2 fp32, and a one-token step took
-88 ms against 75.5 ms written in place (2 threads, AMD EPYC Zen 4; a 2-token verify pass 73.7 -> 62.8 ms).
+every pass: at 6,144 tokens of context that is 30 layers x 2 x 1.1 MB for SmolLM2 fp32, and a decoding step took
+87.5 ms against 79.3 ms written in place, 84.2 against 71.3 ms at 4,096 (2 threads, AMD EPYC Zen 4;
+`experiments/never_slower/growing-cache/`).
 `GrowingLayer` keeps each layer's keys and values in buffers with room to spare (GROWTH tokens at a time) and hands
 attention views of the filled part; a rollback only moves the end. The arithmetic is unchanged: attention reads the
 same numbers, and tests/test_growing_cache.py holds its logits equal, bit for bit, to DynamicCache's (the reference)

@@ -22,10 +22,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from hyflash.errors import HyflashError
+from hyflash.targets import linear
 from hyflash.targets.attention import NAME as ATTENTION_NAME
 from hyflash.targets.attention import use_for
-from hyflash.targets import linear
-from hyflash.targets.growing_cache import growing_cache
 from hyflash.targets.base import (
     BUILTIN_MODELS,
     DEFAULT_MODEL,
@@ -35,6 +34,7 @@ from hyflash.targets.base import (
     cache_root,
     default_feature_layers,
 )
+from hyflash.targets.growing_cache import growing_cache
 
 PREFILL_CHUNK = 2048  # prompt tokens per prefill pass: bounds activation memory for long prompts
 # glibc's malloc: mallopt's parameters, and the threshold below which (by default, once large blocks have been
