@@ -36,6 +36,24 @@ def test_ctx_sets_share_cut_points_and_differ_only_in_context(smollm2_fp32):
     assert not set(CUT_CONTEXT_TOKENS) & set(DEFAULT_SETS)  # a plain `hyflash bench` does not run them
 
 
+def test_cpu_script_trains_without_the_copy_input_and_benches_by_replay(tmp_path):
+    """experiments/kinds/nocopy_cpu.sh (the multi-session CPU path): the commands of its four stages."""
+    done = subprocess.run(["bash", str(ROOT / "experiments/kinds/nocopy_cpu.sh"), str(tmp_path / "o")],
+                          env={**os.environ, "PYTHON": sys.executable, "DRY_RUN": "1"}, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    commands = [line for line in done.stdout.splitlines() if line.startswith("+ ")]
+    data, train, bench, summary = commands
+    assert "--kinds long" in data and "--num-prompts 192" in data and "--dtype float32" in data
+    assert "SCALE=cpu" in train and "COPY_NGRAM=0" in train and "long-v1" in train and "data-long" in train
+    assert "--replay" in bench and "--no-adaptive" in bench and "--temperatures 0" in bench
+    assert bench.count("--drafter ") == 12 and "ctx-1k,ctx-2k,ctx-4k,ctx-6k,ctx-8k --n 12" in bench
+    assert "summarize_nocopy.py" in summary
+    bad = subprocess.run(["bash", str(ROOT / "experiments/kinds/nocopy_cpu.sh"), str(tmp_path / "o")],
+                         env={**os.environ, "DRY_RUN": "1", "BENCH_N": "some"}, capture_output=True, text=True)
+    assert bad.returncode == 2 and "BENCH_N must be" in bad.stderr
+
+
 def test_dry_run_shows_every_stage_without_the_copy_input(tmp_path):
     done = _script(tmp_path / "o", DRY_RUN="1")
     assert done.returncode == 0, done.stderr

@@ -169,7 +169,7 @@ def draft_costs(results: dict) -> tuple[dict, dict]:
         if m and float(r["temperature"]) == 0:
             cell = sums.setdefault(f"{m['kind']}-d{m['depth']}", {}).setdefault(r["set"], [0.0, 0.0, 0])
             cell[0] += r["draft_time"]
-            cell[1] += r["decode_time"]
+            cell[1] += 0.0 if r.get("replayed") else r["decode_time"]  # a replay's decode time is no decode's
             cell[2] += r["new_tokens"]
     time = {k: {s: {"ms_per_token": round(1000 * d / n, 3) if n else None, "share": round(d / t, 4) if t else None}
                 for s, (d, t, n) in by_set.items()} for k, by_set in sums.items()}
@@ -181,11 +181,19 @@ def outputs_check(results: dict) -> dict:
     out: dict = {}
     for r in results["runs"]:
         if SEED_NAME.match(r.get("method", "")) and float(r["temperature"]) == 0:
-            cell = out.setdefault(r["set"], {"prompts": set(), "drafter_runs": 0, "identical_to_plain": 0})
+            cell = out.setdefault(r["set"], {"prompts": set(), "drafter_runs": 0, "identical_to_plain": 0,
+                                             "replayed": 0})
             cell["prompts"].add(r["item_id"])
             cell["drafter_runs"] += 1
             cell["identical_to_plain"] += bool(r.get("identical_to_plain"))
+            cell["replayed"] += bool(r.get("replayed"))  # the recording's text by construction (bench --replay)
     return {s: {**c, "prompts": len(c["prompts"])} for s, c in out.items()}
+
+
+def _draft_time_cell(cell: dict | None) -> str:
+    if not cell or cell["ms_per_token"] is None:
+        return "–"
+    return f"{cell['ms_per_token']:.2f}" + ("" if cell["share"] is None else f" ({cell['share']:.0%})")
 
 
 def _ordered(sets) -> list[str]:
@@ -281,12 +289,11 @@ def write_all(benches: list, copy: list | None = None, out=None, anchor_context=
               f"{results['meta'].get('machine', {}).get('cpu_model', '?')}, device "
               f"{results['meta'].get('config', {}).get('device', 'cpu')})", "",
               "| kind-depth | " + " | ".join(sets) + " |", "|---|" + "---:|" * len(sets)]
-    lines += [f"| {k} | " + " | ".join(f"{v[s]['ms_per_token']:.2f} ({v[s]['share']:.0%})" if s in v and
-                                         v[s]["ms_per_token"] is not None else "–" for s in sets) + " |"
-              for k, v in time.items()]
-    lines += ["", "## Prompts and exactness (greedy)", "", "| set | prompts | drafter runs | identical to plain |",
-              "|---|---:|---:|---:|"]
-    lines += [f"| {s} | {c['prompts']} | {c['drafter_runs']} | {c['identical_to_plain']} |"
+    lines += [f"| {k} | " + " | ".join(_draft_time_cell(v.get(s)) for s in sets) + " |" for k, v in time.items()]
+    lines += ["", "## Prompts and exactness (greedy)", "",
+              "| set | prompts | drafter runs | identical to plain | replayed (`bench --replay`: plain's text by construction) |",
+              "|---|---:|---:|---:|---:|"]
+    lines += [f"| {s} | {c['prompts']} | {c['drafter_runs']} | {c['identical_to_plain']} | {c['replayed']} |"
               for s, c in sorted(checks.items(), key=lambda kv: _ordered(checks).index(kv[0]))]
     if anchor_context and Path(anchor_context).exists():
         share = json.loads(Path(anchor_context).read_text())

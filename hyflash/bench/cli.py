@@ -60,6 +60,10 @@ def add_cli(sub) -> None:
                    help="torch threads, and llama.cpp's (default: one per physical core)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                    help="where the target and drafters run (cuda: one GPU, TF32 off; tau does not depend on it)")
+    p.add_argument("--replay", action="store_true",
+                   help="acceptance replay: one recorded greedy decode per prompt, every drafter replayed against it "
+                   "(tau, acceptance, draft time and memory as in a real run, one target decode per prompt instead "
+                   "of one per method; no speeds). Needs --temperatures 0 --no-adaptive; hyflash's loop only")
     p.add_argument("--quick", action="store_true",
                    help="regression mode (overrides --sets/--n/--max-new-tokens/--temperatures): 2 prompts, "
                    "32 tokens, T=0 and 1, sets humaneval, code, long-4k, prose (< 10 min on 2 CPU cores)")
@@ -117,7 +121,7 @@ def cmd_bench(args) -> int:
         temperatures=args.temperatures, methods=args.methods, drafters=dict(parse_drafter(d) for d in args.drafter),
         pld_tokens=args.pld_tokens, ngram_block=args.ngram_block, seed=args.seed,
         memory_contexts=args.memory_contexts, sweep_kinds=args.sweep_kinds, sweep_depths=args.sweep_depths,
-        threads=args.threads, target_options=target_options(args), device=args.device,
+        threads=args.threads, target_options=target_options(args), device=args.device, replay=args.replay,
     )
     if args.quick:
         config = quick(config)

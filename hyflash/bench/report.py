@@ -69,6 +69,11 @@ def markdown_table(results: dict) -> str:
         lines.append("")
         lines += _fastest_plain_lines([r for r in rows if r["temperature"] == temperature])
     meta = results.get("meta", {})
+    if meta.get("config", {}).get("replay"):
+        lines.append("Acceptance replay (`--replay`): every drafter replayed against one recorded greedy decode per "
+                     "prompt. τ, acceptance by position, draft time and draft memory are measured; speeds are not "
+                     "(the replayed target's passes cost nothing), and every text is the recording's by construction.")
+        lines.append("")
     if meta.get("dtype"):
         lines.append(f"Target dtype: {meta['dtype']} ({meta.get('dtype_reason', '')}); draft length "
                      f"{'adaptive (policy.py)' if meta.get('config', {}).get('adaptive', True) else 'whole blocks'}.")
@@ -233,7 +238,10 @@ def write_report(results: dict, out_dir: str | Path) -> list[Path]:
     sections = ["## Summary", "", where + (f"Command: `{command}`" if command else ""), "",
                 comparison_table(results), "## All metrics", "", markdown_table(results)]
     atomic_write_text(written[0], "\n".join(sections) + "\n" + memory_table(results))
+    replay = results.get("meta", {}).get("config", {}).get("replay")
     for name, plot in PLOTS.items():
+        if replay and name == "speedup.png":  # a replay measures no speed
+            continue
         plot(results, out_dir / name)
         written.append(out_dir / name)
     return written

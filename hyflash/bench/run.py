@@ -26,7 +26,7 @@ import os
 import platform
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import MISSING, asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -35,6 +35,7 @@ import torch
 from hyflash import engine
 from hyflash.bench.datasets import DEFAULT_SETS, SETS, load_set
 from hyflash.bench.memory import draft_memory_sweep, param_count, untrained_kinds
+from hyflash.bench.replay import ReplayTarget, record_greedy
 from hyflash.bench.methods import (
     BUILTIN_METHODS,
     PLAIN_METHODS,
@@ -83,6 +84,9 @@ class BenchConfig:
     # Where the transformers target (and so every drafter) runs: cpu, or cuda (tau does not depend on it; float32
     # there keeps greedy outputs equal to plain decoding only with TF32 off, which run_bench makes sure of).
     device: str = "cpu"
+    # Acceptance replay (bench/replay.py): one recorded greedy decode per prompt, every drafter replayed against
+    # it. tau, acceptance, draft time and memory as in a real run, at a fraction of the cost; no speeds.
+    replay: bool = False
 
     def __post_init__(self) -> None:
         if self.n < 1 or self.max_new_tokens < 2:
@@ -94,6 +98,14 @@ class BenchConfig:
             raise HyflashError(f"unknown evaluation sets {unknown}: choose from {', '.join(SETS)}")
         if self.device not in ("cpu", "cuda"):
             raise HyflashError(f"--device must be cpu or cuda, got {self.device!r}")
+        if self.replay:
+            wrong = [why for bad, why in (
+                (self.temperatures != (0.0,), "--temperatures 0 (sampled text depends on the drafts)"),
+                (self.adaptive, "--no-adaptive (an adaptive policy decides by timings a replay does not have)"),
+                (self.repeats != 1, "--repeats 1 (a replay times nothing)"),
+                (self.trees != (0,), "--tree 0 (a replay verifies chains)")) if bad]
+            if wrong:
+                raise HyflashError("--replay needs " + "; ".join(wrong))
 
 
 # Few prompts, short outputs, one long set (4k, not 8k): a regression check that fits in ~10 minutes on 2 CPU
@@ -170,6 +182,10 @@ def _mean(values: list) -> float | None:
     return sum(known) / len(known) if known else None
 
 
+def _ratio(value: float | None, base: float | None) -> float | None:
+    return value / base if value is not None and base else None
+
+
 def summarise(records: list[dict]) -> list[dict]:
     """One row per (temperature, set, method): pooled tau, tok/s, speed-ups from the same run."""
     groups: dict[tuple, list[dict]] = {}
@@ -182,23 +198,27 @@ def summarise(records: list[dict]) -> list[dict]:
         accepted = _sum_lists([r["accepted_by_position"] for r in rs])
         passes = sum(r["target_passes"] for r in rs)
         greedy = temperature == 0
+        replayed = any(r.get("replayed") for r in rs)  # a replay's target passes are free: it has no speeds
+        tokens = sum(r["new_tokens"] for r in rs)
         kv = [r["target_kv_bytes"] for r in rs if r["target_kv_bytes"] is not None]
         rows.append({
             "temperature": temperature, "set": set_name, "method": method, "prompts": len(rs),
             "prompt_tokens_mean": sum(r["prompt_tokens"] for r in rs) / len(rs),
-            "new_tokens": sum(r["new_tokens"] for r in rs),
+            "new_tokens": tokens,
             "decode_time": decode,
-            "tokens_per_second": sum(r["new_tokens"] for r in rs) / decode if decode > 0 else float("nan"),
+            "tokens_per_second": None if replayed else tokens / decode if decode > 0 else float("nan"),
             "tau": sum(r["committed_after_prefill"] for r in rs) / passes if passes else float("nan"),
             "acceptance_by_position": [a / d if d else 0.0 for a, d in zip(accepted, drafted)],
-            "draft_share": sum(r["draft_time"] for r in rs) / decode if decode > 0 else float("nan"),
+            "draft_share": None if replayed else (sum(r["draft_time"] for r in rs) / decode if decode > 0
+                                                  else float("nan")),
+            "draft_seconds": sum(r["draft_time"] for r in rs),
             "draft_memory_bytes": max(r["draft_memory_bytes"] for r in rs),
             "draft_sources": dict(sum((Counter(r.get("draft_sources") or {}) for r in rs), Counter())),
             "target_kv_bytes": max(kv) if kv else None,
             "peak_rss_bytes": max(r["peak_rss_bytes"] for r in rs),
             **{field: sum(bool(r.get(field)) for r in rs) if greedy and any(field in r for r in rs) else None
                for field in GREEDY_REFERENCES.values()},
-            "speedup_ceiling": _mean([r.get("speedup_ceiling") for r in rs]),
+            "speedup_ceiling": None if replayed else _mean([r.get("speedup_ceiling") for r in rs]),
         })
     # Speed-ups: ratios of tok/s to baselines measured in this run, same set, same temperature; and to the
     # fastest plain decoding of the run (ours, Hugging Face's or llama.cpp's), the figure a user can quote.
@@ -207,8 +227,9 @@ def summarise(records: list[dict]) -> list[dict]:
         for baseline, column in ((PLAIN, "speedup"), (HF_PLAIN, "speedup_vs_hf_plain"), (HF_PLD, "speedup_vs_hf_pld"),
                                  (LLAMACPP_PLAIN, "speedup_vs_llamacpp_plain")):
             base = by_key.get((row["temperature"], row["set"], baseline))
-            row[column] = row["tokens_per_second"] / base["tokens_per_second"] if base else None
-        plains = [by_key[k] for k in ((row["temperature"], row["set"], m) for m in PLAIN_METHODS) if k in by_key]
+            row[column] = _ratio(row["tokens_per_second"], base and base["tokens_per_second"])
+        plains = [by_key[k] for k in ((row["temperature"], row["set"], m) for m in PLAIN_METHODS)
+                  if k in by_key and by_key[k]["tokens_per_second"] is not None]
         fastest = max(plains, key=lambda r: r["tokens_per_second"], default=None)
         # How much of the machine's margin was taken: (speed-up - 1) / (ceiling - 1), the ceiling being the best
         # speed-up the measured pass costs allow the drafter's measured acceptance (policy.ceiling).
@@ -216,7 +237,7 @@ def summarise(records: list[dict]) -> list[dict]:
         row["ceiling_share"] = ((row["speedup"] - 1) / (ceiling - 1)
                                 if row["speedup"] is not None and ceiling and ceiling > 1 else None)
         row["fastest_plain"] = fastest["method"] if fastest else None
-        row["speedup_vs_fastest_plain"] = row["tokens_per_second"] / fastest["tokens_per_second"] if fastest else None
+        row["speedup_vs_fastest_plain"] = _ratio(row["tokens_per_second"], fastest and fastest["tokens_per_second"])
     order = {m: i for i, m in enumerate(dict.fromkeys(r["method"] for r in records))}
     set_order = {s: i for i, s in enumerate(SETS)}
     rows.sort(key=lambda r: (r["temperature"], set_order.get(r["set"], 99), order[r["method"]]))
@@ -274,6 +295,11 @@ def run_bench(
 
     prompts = {name: load_set(name, target, config.n, config.max_new_tokens) for name in config.sets}
     methods = _skip_unavailable(methods, target, results["skipped"], log)
+    if config.replay:  # a replay plays our loop's target; other libraries' loops run their own
+        for m in [m for m in methods if not isinstance(m, LoopMethod)]:
+            results["skipped"][m.name] = "--replay runs hyflash's own loop only"
+            log(f"method {m.name} skipped: {results['skipped'][m.name]}")
+        methods = [m for m in methods if isinstance(m, LoopMethod)]
     methods = _warm_up(methods, target, next(iter(prompts.values()))[0].ids, results["errors"], log)
     kept = {m.name for m in methods}
     results["meta"]["drafters"] = {n: drafter_identity(s, target) for n, s in config.drafters.items()
@@ -288,8 +314,11 @@ def run_bench(
                 key = (temperature, set_name, prompt.item_id)
                 order = [m for m in methods[i % len(methods):] + methods[: i % len(methods)]
                          if (*key, m.name) not in kept_records]
-                runs = _repeated(order, config.repeats,
-                                 lambda m: m.run(target, list(prompt.ids), config.max_new_tokens, sampling, seed))
+                if config.replay:
+                    runs = _replayed(order, target, list(prompt.ids), config.max_new_tokens)
+                else:
+                    runs = _repeated(order, config.repeats,
+                                     lambda m: m.run(target, list(prompt.ids), config.max_new_tokens, sampling, seed))
                 references = {ref: runs[ref].tokens if ref in runs else kept_records.get((*key, ref), {}).get("tokens")
                               for ref in GREEDY_REFERENCES}
                 for m in methods:  # records in the configured order, whatever order they ran in
@@ -297,7 +326,9 @@ def run_bench(
                         results["runs"].append(kept_records[(*key, m.name)])
                         continue
                     record = _record(runs[m.name], prompt, temperature, seed)
-                    if sampling.greedy:
+                    if config.replay:
+                        record["replayed"] = True  # its text is the recording's by construction: nothing to compare
+                    elif sampling.greedy:
                         record.update(compare_greedy(runs[m.name].tokens, references))
                     results["runs"].append(record)
                 if runs:
@@ -313,6 +344,16 @@ def run_bench(
         results["drafter_params"] = {name: param_count(d) for name, d in drafters.items()}
     save()
     return results
+
+
+def _replayed(order: list, target, prompt_ids: list[int], max_new_tokens: int) -> dict:
+    """{method name: its PromptRun} on one prompt by acceptance replay: one recorded greedy decode, then every
+    method (our loop's, the only ones a replay can run) against the recording."""
+    if not order:
+        return {}
+    recording, _ = record_greedy(target, prompt_ids, max_new_tokens)
+    replay = ReplayTarget(target, recording)
+    return {m.name: m.run(replay, prompt_ids, max_new_tokens, SamplingConfig(), 0) for m in order}
 
 
 def _repeated(order: list, repeats: int, run: Callable) -> dict:
@@ -344,14 +385,21 @@ def _repeated(order: list, repeats: int, run: Callable) -> dict:
 
 # What a record depends on besides its method: a resumed bench must match the earlier one in all of these.
 RECORD_SETTINGS = ("model", "backend", "target_options", "dtype", "adaptive", "keep_drafter", "sets", "n",
-                   "max_new_tokens", "temperatures", "seed", "pld_tokens", "ngram_block")
+                   "max_new_tokens", "temperatures", "seed", "pld_tokens", "ngram_block", "replay")
+
+
+def _default(setting: str):
+    """A BenchConfig setting's default: what a bench written before the setting existed ran with."""
+    f = BenchConfig.__dataclass_fields__[setting]
+    return f.default_factory() if f.default is MISSING else f.default
 
 
 def settings_differ(meta: dict, other: dict) -> list[str]:
     """The settings (RECORD_SETTINGS, and the target) in which two benches' meta differ: none, and their records
     can stand side by side (a bench resumed, or benches of one grid made in several sessions)."""
     config, other_config = meta.get("config") or {}, other.get("config") or {}
-    differ = [k for k in RECORD_SETTINGS if json.dumps(config.get(k)) != json.dumps(other_config.get(k))]
+    differ = [k for k in RECORD_SETTINGS
+              if json.dumps(config.get(k, _default(k))) != json.dumps(other_config.get(k, _default(k)))]
     return differ + (["target"] if meta.get("target") != other.get("target") else [])
 
 
