@@ -24,17 +24,17 @@ $(STAMP): requirements.txt requirements-models.txt pyproject.toml
 # `make venv LLAMA_CMAKE_ARGS=` keeps llama.cpp's default build. --force-reinstall and --no-cache-dir: a
 # llama-cpp-python already installed, or a wheel pip cached, may have been built otherwise.
 LLAMA_CMAKE_ARGS ?= -DGGML_LLAMAFILE=OFF
+# patch: ggml's x86 two-by-two kernels (patches/; multi-token passes cheaper, every number the same); stock: without.
+LLAMA_PATCH ?= patch
 LLAMA_ARGS_FILE := $(VENV)/.llamacpp-cmake-args
 # Rewritten only when the arguments change, so that a change rebuilds llama-cpp-python and nothing else does.
 $(LLAMA_ARGS_FILE): FORCE
 	@mkdir -p $(VENV)
-	@echo '$(LLAMA_CMAKE_ARGS)' | cmp -s - $@ || echo '$(LLAMA_CMAKE_ARGS)' > $@
+	@echo '$(LLAMA_CMAKE_ARGS) $(LLAMA_PATCH)' | cmp -s - $@ || echo '$(LLAMA_CMAKE_ARGS) $(LLAMA_PATCH)' > $@
 
-$(LLAMACPP_STAMP): requirements-llamacpp.txt $(LLAMA_ARGS_FILE) $(STAMP)
+$(LLAMACPP_STAMP): requirements-llamacpp.txt $(LLAMA_ARGS_FILE) $(STAMP) patches/build_llama_cpp_python.sh $(wildcard patches/*.patch)
 	@echo "installing llama-cpp-python (builds llama.cpp from source: about 4-6 minutes on 2 cores) ..."
-	( CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --quiet --no-cache-dir --force-reinstall --no-deps \
-	    --no-binary llama-cpp-python -r requirements-llamacpp.txt && \
-	  $(BIN)/pip install --quiet -r requirements-llamacpp.txt ) || \
+	patches/build_llama_cpp_python.sh $(BIN)/pip "$(LLAMA_CMAKE_ARGS)" $(LLAMA_PATCH) || \
 	  { echo "warning: llama-cpp-python did not build; --backend llama.cpp and its tests are skipped (retry: rm $(LLAMACPP_STAMP) && make venv)" >&2; \
 	    if [ "$$CI" = true ]; then echo "error: CI=true: a failed llama-cpp-python build fails the build" >&2; exit 1; fi; }
 	touch $(LLAMACPP_STAMP)

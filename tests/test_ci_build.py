@@ -46,3 +46,45 @@ def test_the_ci_entry_point_sets_ci():
     lines = (ROOT / ".ci" / "run").read_text().splitlines()
     assert "export CI=true" in lines
     assert lines.index("export CI=true") < lines.index("make test")
+
+
+def _fake_pip(tmp_path: Path, version: str) -> Path:
+    """A pip whose `download` writes a source package holding an unrelated llama.cpp tree, and whose other
+    commands log their arguments."""
+    tree = tmp_path / "sdist" / f"llama_cpp_python-{version}" / "vendor" / "llama.cpp" / "ggml"
+    tree.mkdir(parents=True)
+    (tree / "README").write_text("not the file the patch changes\n")
+    pip = tmp_path / "pip"
+    pip.write_text(f"""#!/bin/sh
+if [ "$1" = download ]; then
+  while [ "$1" != -d ]; do shift; done
+  tar czf "$2/llama_cpp_python-{version}.tar.gz" -C "{tmp_path / 'sdist'}" llama_cpp_python-{version}
+else
+  echo "$@" >> "{tmp_path / 'pip.log'}"
+fi
+""")
+    pip.chmod(0o755)
+    return pip
+
+
+@pytest.mark.skipif(shutil.which("patch") is None, reason="needs patch")
+def test_the_llama_cpp_build_script_patches_or_says_why_not(tmp_path):
+    """patches/build_llama_cpp_python.sh: a source package the patch does not fit stops the build with a message
+    naming the fix; `stock` builds it unpatched; a wrong mode is refused."""
+    version = next(line.split("==")[1].strip() for line in (ROOT / "requirements-llamacpp.txt").read_text().splitlines()
+                   if line.startswith("llama-cpp-python=="))
+    assert (ROOT / "patches" / f"llama-cpp-python-{version}-ggml-x86-two-by-two.patch").exists()
+    script = str(ROOT / "patches" / "build_llama_cpp_python.sh")
+    pip = str(_fake_pip(tmp_path, version))
+    run = lambda *args: subprocess.run([script, pip, "-DGGML_LLAMAFILE=OFF", *args], capture_output=True,  # noqa: E731
+                                       text=True, timeout=60)
+    patched = run()
+    assert patched.returncode == 1 and "does not apply" in patched.stderr and "build stock" in patched.stderr
+    assert not (tmp_path / "pip.log").exists()  # nothing installed
+    stock = run("stock")
+    assert stock.returncode == 0, stock.stderr
+    installs = (tmp_path / "pip.log").read_text().splitlines()
+    assert installs[0].startswith("install --quiet --no-cache-dir --force-reinstall --no-deps /")
+    assert installs[0].endswith(f"llama_cpp_python-{version}") and "requirements-llamacpp.txt" in installs[1]
+    wrong = run("fast")
+    assert wrong.returncode == 1 and "must be patch or stock" in wrong.stderr

@@ -53,6 +53,29 @@ def _random_block(target, n: int, seed: int) -> list[int]:
     return torch.randint(0, target.vocab_size, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
+def test_the_two_by_two_kernels_give_every_block_length_the_one_token_numbers():
+    """`make venv` patches ggml's x86 kernels to multiply two weight rows by two tokens per call (Q4_1 and Q8_0,
+    patches/): a pass of 2-8 tokens, odd lengths through the one-column tail, must still give bit for bit the
+    logits of one-token passes, at 2 threads as at 1."""
+    if os.environ.get("HYFLASH_SKIP_REAL_MODEL"):
+        pytest.skip("HYFLASH_SKIP_REAL_MODEL is set")
+    from hyflash.targets.llamacpp import LlamaCppTarget
+    from hyflash.targets.llamacpp_build import two_by_two_kernels
+
+    if not two_by_two_kernels():
+        pytest.skip("a stock llama-cpp-python build: `make venv` builds the patched one (patches/)")
+    for threads in (1, 2):
+        target = LlamaCppTarget.load("smollm2-135m", n_threads=threads, record_features=False)
+        assert target.identity()["two_by_two"] == two_by_two_kernels()  # its cost curves are its own
+        ids = target.encode_prompt(PROMPTS[1])
+        block = _random_block(target, 8, 5)
+        target.prefill(ids, features=False)
+        singles = torch.cat([target.score([t], features=False).logits for t in block])
+        for q in (2, 3, 4, 5, 8):
+            target.rollback(len(ids))
+            assert torch.equal(target.score(block[:q], features=False).logits, singles[:q]), (threads, q)
+
+
 @pytest.mark.slow
 def test_plain_greedy_equals_llama_cpps_own_greedy(lcpp):
     for text in PROMPTS[:2]:

@@ -52,6 +52,7 @@ from hyflash.targets.llamacpp_build import (
     init_backend,
     llama_cpp,
     matmul_kernels,
+    two_by_two_kernels,
     model_params,
 )
 from hyflash.targets.llamacpp_settings import searched_options
@@ -369,6 +370,8 @@ class LlamaCppTarget(BaseTarget):
             ident["repack"] = self.repack
         if self.record_features and self.eval_gate:  # the callback costs less: curves timed without it are stale
             ident["eval_gate"] = "c"
+        if two_by_two_kernels():  # multi-token passes cost less: curves timed on a stock build are stale
+            ident["two_by_two"] = two_by_two_kernels()
         return ident
 
     def numbers_identity(self) -> dict:

@@ -51,6 +51,20 @@ def matmul_kernels() -> str:
     return "llamafile" if _built_with("LLAMAFILE") else "ggml"
 
 
+@functools.cache
+def two_by_two_kernels() -> int:
+    """The version of hyflash's patch to ggml's x86 matrix kernels in this build (0: a stock build). `make venv`
+    builds llama-cpp-python with `patches/llama-cpp-python-*-ggml-x86-two-by-two.patch`: Q4_1 and Q8_0 weights
+    multiply two rows by two tokens per kernel call, each output bit for bit the one-token kernel's, so a
+    multi-token pass costs less and computes the same numbers (docs/engine.md, "ggml's two-by-two kernels")."""
+    try:  # the library llama.cpp has loaded already (ggml_lib's folder); a stock build lacks the marker
+        marker = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-cpu.so")).ggml_cpu_hyflash_two_by_two
+    except (OSError, AttributeError):
+        return 0
+    marker.restype = ctypes.c_int
+    return int(marker())
+
+
 def has_amx_backend() -> bool:
     """Whether this llama.cpp build has ggml's AMX backend (built natively on a CPU with AMX, as pip does)."""
     return _built_with("AMX_INT8")
