@@ -285,6 +285,7 @@ def exactness_line(curve: CostCurve) -> str:
                 f"{'on' if machine['flash_attn'] else 'off'}, K {k} / V {v}"
                 + ("" if "repack" not in machine else f", {'repacked' if machine['repack'] else 'plain'} weights "
                    "(not the build's default)")
+                + (", ggml's two-by-two kernels (patches/)" if machine.get("two_by_two") else "")
                 + ")")
     if curve.exactness is None:
         return f"{what}: exactness not checked (calibrate --force checks it)"

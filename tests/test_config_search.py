@@ -192,3 +192,7 @@ def test_calibrate_reports_the_llama_cpp_settings_a_curve_was_measured_with():
                "repack": True}
     line = exactness_line(CostCurve("m", "Q4_1", [0], [[1.0]], machine=machine, exactness=0.0))
     assert "2 threads, flash attention off, K f16 / V f16, repacked weights" in line and "bit-identical" in line
+    assert "two-by-two" not in line
+    patched = exactness_line(CostCurve("m", "Q4_1", [0], [[1.0]], machine={**machine, "two_by_two": 1}, exactness=0.0))
+    assert patched.endswith("bit-identical: speculative greedy text equals plain decoding's")
+    assert "repacked weights (not the build's default), ggml's two-by-two kernels (patches/))" in patched

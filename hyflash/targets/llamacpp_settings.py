@@ -92,14 +92,17 @@ def choose(trials: list[Trial], fixed: dict | None = None) -> Trial | None:
 
 def settings_key(path: Path) -> dict:
     """What a search is valid for: this CPU and the cores this process may use, llama.cpp's version and matrix
-    kernels, and the file (a fingerprint of its header and weights)."""
+    kernels (and the two-by-two patch), and the file (a fingerprint of its header and weights)."""
     import llama_cpp  # optional dependency: only the llama.cpp backend computes keys
 
-    from hyflash.targets.llamacpp_build import file_fingerprint, matmul_kernels
+    from hyflash.targets.llamacpp_build import file_fingerprint, matmul_kernels, two_by_two_kernels
 
     cpu, flags = cpu_description()
-    return {"cpu": cpu, "cpu_flags_sha256": flags, "cores": physical_cores(), "llama_cpp": llama_cpp.__version__,
-            "kernels": matmul_kernels(), "gguf": file_fingerprint(Path(path))}
+    key = {"cpu": cpu, "cpu_flags_sha256": flags, "cores": physical_cores(), "llama_cpp": llama_cpp.__version__,
+           "kernels": matmul_kernels(), "gguf": file_fingerprint(Path(path))}
+    if two_by_two_kernels():  # patched kernels time passes otherwise (a stock build's searches keep their keys)
+        key["two_by_two"] = two_by_two_kernels()
+    return key
 
 
 def settings_folder() -> Path:
