@@ -7,8 +7,10 @@
 #
 # Stages:
 #   data     NEW_LONG (192) more long target-written sequences (seed 2: other cut points than long-v1's seed 0;
-#            float32, which decodes long prompts faster than bf16 here, docs/training.md section 5; 192 new tokens),
-#            their features filed in OUT/features as bf16 while generating. With long-v1 (112) and train-v3 (1,000
+#            16,000 characters like long-v1, ~4-5k tokens: training crops at 4,096; float32, which decodes long
+#            prompts faster than bf16 here, docs/training.md section 5; 192 new tokens), their features filed in
+#            OUT/features as bf16 while generating. Measured: one 24,000-character prompt (7,055 tokens) took 47 s
+#            with 8 new tokens, so expect ~25-40 s a prompt, 1.5-2 h in all. With long-v1 (112) and train-v3 (1,000
 #            short sequences) about (112 + 192) / 1,304 = 23% of training anchors have > 1,024 tokens of context
 #            (issue 41: >= 20%; grid.sh writes the measured share to OUT/grid/anchor_context.json).
 #   train    the 12 runs through grid.sh (SCALE=cpu: 500 steps x 8 sequences x 64 anchors, the copy grid's budget;
@@ -39,7 +41,7 @@ stamp() { echo "== $1 ($(date -u +%H:%M:%S) UTC)"; }
 # ----- data: resumable shards (hyflash data continues a folder), features filed as they are computed -----
 stamp "data: $new_long long prompts"
 run "$py" -m hyflash.cli data --out "$out/data-long" --model smollm2-135m --seed 2 --kinds long --long-every 0 \
-  --num-prompts "$new_long" --long-chars 24000 --long-per-module 4 --long-batch-size 1 --long-new-tokens 192 \
+  --num-prompts "$new_long" --long-chars 16000 --long-per-module 4 --long-batch-size 1 --long-new-tokens 192 \
   --shard-prompts 16 --sampled-fraction 0 --dtype float32 --feature-dtype bfloat16 \
   --feature-cache "$out/features" --no-progress
 
