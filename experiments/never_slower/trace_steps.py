@@ -8,7 +8,7 @@ steps), each split into drafting, the target pass, and the drafter's ingest, plu
 (draft length, accepted, draft ms, verify ms, ingest ms, step ms, drafter retired, guard's plain steps left).
 
     ../shared/bin/heavy .venv/bin/python -m experiments.never_slower.trace_steps [--backend llama.cpp] \
-        prose:sortedcontainers:128 chat:0
+        prose:sortedcontainers:128 chat:0          (--temperature 0.7: sampled, plain and default with one seed a pair)
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--steps", type=int, default=30, help="steps of each default generation to print")
     parser.add_argument("--keep-drafter", action="store_true", help="as generate --keep-drafter: never retire it")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the suite runs 0 and 0.7)")
     parser.add_argument("--shared-policy", action="store_true",
                         help="one policy for all default generations, as the bench and the server have (what one "
                         "generation learns and retires carries into the next)")
@@ -69,11 +70,11 @@ def main() -> int:
         parser.error(f"not in the never-slower set: {missing}; it has {sorted(items)}")
     shared = traced_policy(choice.curve, args.keep_drafter) if args.shared_policy else None
     for item_id in args.prompts:
-        for name, used in (("plain", None), ("default", drafter)) * 2:
+        for seed, (name, used) in enumerate((("plain", None), ("default", drafter)) * 2):
             policy, trace = shared if shared and used else traced_policy(choice.curve, args.keep_drafter)
             trace.clear()  # (a shared policy's trace holds the generation before)
             result = generate(target, list(items[item_id].ids), used, max_new_tokens=args.max_new_tokens,
-                              sampling=SamplingConfig(), policy=policy)
+                              sampling=SamplingConfig(temperature=args.temperature), seed=seed // 2, policy=policy)
             decode_s = result.total_time - result.prefill_time
             print(f"== {item_id} {name}: decode {1000 * decode_s:.0f} ms, {result.target_passes} passes, "
                   f"{len(result.tokens) / decode_s:.1f} tok/s")
