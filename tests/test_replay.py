@@ -140,3 +140,15 @@ def test_bench_replay_measures_what_the_real_bench_measures(tmp_path):
 
     with pytest.raises(HyflashError, match="--temperatures 0 .*--no-adaptive"):
         BenchConfig(sets=("prose",), temperatures=(0.0, 1.0), replay=True)
+
+
+def test_greedy_logits_point_at_the_known_text_and_reject_past_its_end():
+    from hyflash.bench.replay import greedy_logits
+
+    sequence = torch.tensor([1, 2, 3, 4])
+    assert greedy_logits(sequence, torch.tensor([1, 2, 3]), 0, 10).argmax(-1).tolist() == [2, 3, 4]
+    # from position 2 only one next token (4) is known: the draft tokens checked after it (7, then the last row's
+    # own) are rejected, whatever they are
+    rows = greedy_logits(sequence, torch.tensor([3, 4, 7]), 2, 10)
+    assert rows.argmax(-1).tolist() == [4, 8, 8] and rows.shape == (3, 10)
+    assert greedy_logits(sequence, torch.tensor([4, 9, 9]), 3, 10).argmax(-1).tolist() == [0, 0, 0]  # 9 + 1 wraps

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from hyflash import decoding
+from hyflash.bench.replay import greedy_logits
 from hyflash.costs import CostCurve
 from hyflash.decoding import generate
 from hyflash.drafters.ngram import NgramDrafter
@@ -38,12 +39,13 @@ from hyflash.training.data import TokenDataset
 
 
 class ReplayTarget:
-    """A target whose greedy continuation of `prompt` is `truth`: rows' argmax are the known next tokens. Its passes
-    cost c(q) of `curve` at the cache's length (plain(ctx) for a one-token pass without features) on `clock`."""
+    """A target whose greedy continuation of `prompt` is `truth` (rows from `greedy_logits`, as hyflash bench
+    --replay's target answers). Its passes cost c(q) of `curve` at the cache's length (plain(ctx) for a one-token
+    pass without features) on `clock`."""
 
     def __init__(self, prompt: list[int], truth: list[int], curve: CostCurve, clock: list[float], vocab: int,
                  loop_ms: float):
-        self.sequence = list(prompt) + list(truth)
+        self.sequence = torch.tensor(list(prompt) + list(truth))
         self.curve, self.clock, self.vocab, self.loop_ms = curve, clock, vocab, loop_ms
         self.device = torch.device("cpu")
         self.max_context = len(self.sequence) + 64
@@ -51,26 +53,18 @@ class ReplayTarget:
         self.tokenizer = None
         self.cache_length = 0
 
-    def _rows(self, start: int, count: int) -> torch.Tensor:
-        """One-hot logits predicting sequence[start + 1 + i] for i < count (the last known token past the end)."""
-        logits = torch.zeros(count, self.vocab)
-        for i in range(count):
-            logits[i, self.sequence[min(start + 1 + i, len(self.sequence) - 1)]] = 1.0
-        return logits
-
     def prefill(self, prompt, on_features=None, features=True, feature_free=False) -> TargetOutput:
         n = len(prompt)
         if on_features is not None:
             on_features(torch.as_tensor(prompt), None)
         self.cache_length = n
-        return TargetOutput(self._rows(n - 1, 1), None)
+        return TargetOutput(greedy_logits(self.sequence, torch.as_tensor(prompt)[-1:], n - 1, self.vocab), None)
 
     def score(self, block: torch.Tensor, features: bool = True, tree=None) -> TargetOutput:
         q, context = len(block), self.cache_length
         self.clock[0] += self.curve.score_ms(q, context, features) + self.loop_ms
-        rows = self._rows(context, q)
         self.cache_length += q
-        return TargetOutput(rows, None)
+        return TargetOutput(greedy_logits(self.sequence, torch.as_tensor(block), context, self.vocab), None)
 
     def keep(self, position: int, kept: list[int]) -> None:
         self.cache_length = position + len(kept)

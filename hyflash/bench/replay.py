@@ -127,13 +127,6 @@ class ReplayTarget(BaseTarget):
     def rollback(self, length: int) -> None:
         self._length = length
 
-    def _logits(self, start: int, count: int) -> torch.Tensor:
-        """Rows whose argmax is the recorded token after each position start .. start + count - 1."""
-        nxt = self.sequence[start + 1 : start + 1 + count]
-        rows = torch.zeros(len(nxt), self.vocab_size)
-        rows[torch.arange(len(nxt)), nxt] = 1.0
-        return rows.to(self.device)
-
     def prefill(self, ids, features: bool = True, feature_free: bool = False, on_features=None) -> TargetOutput:
         ids = torch.as_tensor(ids).view(-1).cpu()
         n = len(self.recording.prompt)
@@ -144,7 +137,8 @@ class ReplayTarget(BaseTarget):
         if on_features is not None:  # in the real backend's pieces
             for i in range(0, n, PREFILL_CHUNK):
                 on_features(ids[i : i + PREFILL_CHUNK].to(self.device), rows[i : i + PREFILL_CHUNK])
-        return TargetOutput(self._logits(n - 1, 1), rows if features and on_features is None else None)
+        return TargetOutput(greedy_logits(self.sequence, ids[-1:], n - 1, self.vocab_size).to(self.device),
+                            rows if features and on_features is None else None)
 
     def score(self, ids, features: bool = True, tree=None) -> TargetOutput:
         if tree is not None:
@@ -154,17 +148,20 @@ class ReplayTarget(BaseTarget):
         if start >= recorded or int(ids[0]) != int(self.sequence[start]):
             raise HyflashError(f"the replay left its recording at position {start}: a replay is greedy only, and "
                                f"needs --max-new-tokens no larger than the recording's")
-        # Rows past the recording's end (drafts running on after an end-of-text the recording stopped at) reject
-        # the draft token they check: the replay does not know the target's token there, so it counts none.
-        count = min(len(ids), recorded - start)
         self._length = start + len(ids)
-        rows = self.recording.features[start : start + count]
-        logits = self._logits(start, count)
-        if count < len(ids):
-            extra = len(ids) - count
-            rows = torch.cat([rows, rows[-1:].expand(extra, *rows.shape[1:])])
-            beyond = torch.zeros(extra, self.vocab_size, device=logits.device)
-            checked = torch.cat([ids[count + 1 :], ids[-1:]])  # the draft token each extra row is compared with
-            beyond[torch.arange(extra), (checked + 1) % self.vocab_size] = 1.0
-            logits = torch.cat([logits, beyond])
+        rows = self.recording.features[start : start + len(ids)]
+        if len(rows) < len(ids):  # rows past the recording: never kept (greedy_logits rejects the drafts there)
+            rows = torch.cat([rows, rows[-1:].expand(len(ids) - len(rows), *rows.shape[1:])])
+        logits = greedy_logits(self.sequence, ids, start, self.vocab_size).to(self.device)
         return TargetOutput(logits, rows if features else None)
+
+
+def greedy_logits(sequence: torch.Tensor, block: torch.Tensor, start: int, vocab_size: int) -> torch.Tensor:
+    """What a target whose greedy text is `sequence` answers to `block` scored at positions start, start + 1, ...:
+    rows whose argmax is the sequence's next token. Rows past the sequence's end (drafts running on after an
+    end-of-text it stopped at) reject the draft token they check: nothing is known there, so nothing counts."""
+    known = sequence[start + 1 : start + 1 + len(block)]
+    nxt = torch.cat([known, (torch.cat([block[1:], block[-1:]])[len(known) :] + 1) % vocab_size])
+    rows = torch.zeros(len(block), vocab_size)
+    rows[torch.arange(len(block)), nxt] = 1.0
+    return rows
