@@ -173,6 +173,8 @@ def main() -> int:
                         help="one policy through all sequences, in order (as the bench runs them), not one each")
     parser.add_argument("--uncapped", action="store_true",
                         help="drafts not bounded by the loss budget left (the policy before 2026-12-05)")
+    parser.add_argument("--start-tokens", type=int, default=PolicyConfig.loss_budget_start_tokens,
+                        help="the guard's start budget in tokens' worth (PolicyConfig.loss_budget_start_tokens)")
     parser.add_argument("--worst", type=int, default=3, help="--data: show this many slowest sequences")
     parser.add_argument("--loop-ms", type=float, default=0.15, help="the loop's own time a step")
     parser.add_argument("--lookup-ms", type=float, default=0.05, help="the n-gram lookup's time a proposal")
@@ -189,8 +191,9 @@ def main() -> int:
           f"{curve.contexts[0]}: {[round(curve.cost(q, curve.contexts[0]), 2) for q in range(1, 5)]}")
     for name in args.priors.split(","):
         kind, settings = PRIORS[name]
-        carried = SpeculationPolicy(curve, PolicyConfig()) if args.carry else None
-        rows = [replay(p, t, curve, lambda clock, ms: kind(clock, ms, **settings), PolicyConfig(),
+        config = PolicyConfig(loss_budget_start_tokens=args.start_tokens)
+        carried = SpeculationPolicy(curve, config) if args.carry else None
+        rows = [replay(p, t, curve, lambda clock, ms: kind(clock, ms, **settings), config,
                        vocab, args.loop_ms, args.lookup_ms, carried) for _, p, t in named]
         total = sum(r.plain_ms for r in rows) / sum(r.ms for r in rows)
         speedups = [r.speedup for r in rows]
