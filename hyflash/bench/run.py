@@ -35,7 +35,6 @@ import torch
 from hyflash import engine
 from hyflash.bench.datasets import DEFAULT_SETS, SETS, load_set
 from hyflash.bench.memory import draft_memory_sweep, param_count, untrained_kinds
-from hyflash.bench.replay import ReplayTarget, record_greedy
 from hyflash.bench.methods import (
     BUILTIN_METHODS,
     PLAIN_METHODS,
@@ -44,6 +43,7 @@ from hyflash.bench.methods import (
     build_methods,
     drafter_identity,
 )
+from hyflash.bench.replay import ReplayTarget, record_greedy
 from hyflash.errors import HyflashError
 from hyflash.files import atomic_write_json
 from hyflash.machine import cpu_description
