@@ -52,8 +52,8 @@ from hyflash.targets.llamacpp_build import (
     init_backend,
     llama_cpp,
     matmul_kernels,
-    two_by_two_kernels,
     model_params,
+    two_by_two_kernels,
 )
 from hyflash.targets.llamacpp_settings import searched_options
 
