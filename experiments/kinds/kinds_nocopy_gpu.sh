@@ -33,6 +33,8 @@
 #                     At the stage's deadline the runs are stopped and every drafter is exported from the newest
 #                     checkpoint step that all of them have (experiments/kinds/export_checkpoint.py): equal budgets, fewer steps.
 #   bench      ~120 s  one `hyflash bench --device cuda` per set (ctx-1k/2k/4k/6k/8k), 5 processes sharing the GPU,
+#                     greedy by acceptance replay (--replay: one target decode a prompt for all drafters; this
+#                     estimate predates it, so the greedy round should now take a fraction of it),
 #                     each plain + the 12 drafters x BENCH_N=12 prompts x 32 new tokens, greedy, float32, TF32 off:
 #                     ~5k target passes a process at ~15-25 ms (launch-bound) ≈ 80-120 s. Then the same at T = 1 if
 #                     at least 60 s are left. A bench stopped by the deadline keeps every finished prompt.
@@ -206,8 +208,10 @@ bench_round() {  # TEMPERATURE: every set at once, each its own process and fold
     [ "$first" = 1 ] && [ "$t" = 0 ] && mem=(--memory-contexts "$mem_contexts")  # one sweep, beside the first set
     first=0
     benches+=("$out/bench/$set_name-t$t")
+    local replay=()
+    [ "$t" = 0 ] && replay=(--replay)  # greedy: one recorded decode a prompt, every drafter replayed (bench/replay.py)
     stage "bench-$set_name-t$t" "$cap" "$py" -m hyflash.cli bench --model "$model" --device "$device" --dtype float32 \
-      --no-adaptive --sets "$set_name" --n "$bench_n" --max-new-tokens "$bench_new" --temperatures "$t" \
+      --no-adaptive "${replay[@]}" --sets "$set_name" --n "$bench_n" --max-new-tokens "$bench_new" --temperatures "$t" \
       --methods plain "${drafters[@]}" "${mem[@]}" --sweep-kinds '' --seed 0 --threads 2 \
       --out "$out/bench/$set_name-t$t" --resume &
     pids+=($!)

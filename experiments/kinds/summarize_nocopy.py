@@ -50,7 +50,10 @@ GRIDS = {
     "no copy input": {"short": "ctx-1k", "long": "ctx-4k", "beyond": ("ctx-6k", "ctx-8k")},
     "copy input": {"short": "code", "long": "long-4k", "beyond": ("long-8k",)},
 }
-SPLIT_SETTINGS = ("sets", "temperatures", "memory_contexts", "sweep_kinds", "sweep_depths", "threads", "device")
+# Settings the split benches may differ in; `replay` too: the greedy round replays, T = 1 decodes (each record says
+# which it was, `replayed`).
+SPLIT_SETTINGS = ("sets", "temperatures", "memory_contexts", "sweep_kinds", "sweep_depths", "threads", "device",
+                  "replay")
 
 
 # ----- reading ---------------------------------------------------------------------------------------------------
