@@ -35,7 +35,7 @@ import summarize  # noqa: E402
 from summarize import SEED_NAME, summary, table_lines, tau_with_seed_range, verdict  # noqa: E402
 
 from hyflash.bench.datasets import SETS  # noqa: E402
-from hyflash.bench.run import RECORD_SETTINGS  # noqa: E402
+from hyflash.bench.run import settings_differ  # noqa: E402
 from hyflash.drafters.config import KINDS  # noqa: E402
 from hyflash.errors import HyflashError  # noqa: E402
 from hyflash.files import atomic_write_json  # noqa: E402
@@ -61,12 +61,8 @@ def pooled(paths: list) -> dict:
     """One results dict from benches that split one grid by set and temperature (their records side by side)."""
     benches = [summarize.load_results(p) for p in paths]
     (first, folder), runs, meta_drafters, sweep, params, errors = benches[0], [], {}, {}, {}, {}
-    keys = [k for k in RECORD_SETTINGS if k not in SPLIT_SETTINGS]
     for results, where in benches:
-        config, first_config = results["meta"].get("config", {}), first["meta"].get("config", {})
-        differ = [k for k in keys if json.dumps(config.get(k)) != json.dumps(first_config.get(k))]
-        if results["meta"].get("target") != first["meta"].get("target"):
-            differ.append("target")
+        differ = [k for k in settings_differ(first["meta"], results["meta"]) if k not in SPLIT_SETTINGS]
         if differ:
             raise HyflashError(f"{where} was benched with other settings than {folder} ({', '.join(differ)}): "
                                "bench the grid with the same ones")

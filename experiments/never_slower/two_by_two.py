@@ -155,8 +155,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.from_results:
         meta = json.loads(args.from_results.read_text())["meta"]
-        if isinstance(meta["cpu"], list):  # written by the first version of this script: (model name, flags hash)
-            meta["cpu"] = f"{meta['cpu'][0]}, 2 cores"
         write_outputs(summarize(meta["rounds_raw"]), meta, args.out)
         print((args.out / "results.md").read_text())
         return 0

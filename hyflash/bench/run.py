@@ -211,7 +211,6 @@ def summarise(records: list[dict]) -> list[dict]:
             "acceptance_by_position": [a / d if d else 0.0 for a, d in zip(accepted, drafted)],
             "draft_share": None if replayed else (sum(r["draft_time"] for r in rs) / decode if decode > 0
                                                   else float("nan")),
-            "draft_seconds": sum(r["draft_time"] for r in rs),
             "draft_memory_bytes": max(r["draft_memory_bytes"] for r in rs),
             "draft_sources": dict(sum((Counter(r.get("draft_sources") or {}) for r in rs), Counter())),
             "target_kv_bytes": max(kv) if kv else None,
