@@ -401,6 +401,55 @@ def test_tiny_run_killed_and_resumed_gives_the_same_summary(tmp_path):
     assert reopold_main(["--out", str(killed), "--scale", "cpu", "--no-progress"]) == 2
 
 
+def _as_git_keeps_it(out: Path) -> None:
+    """Delete what .gitignore leaves out of a committed experiment folder (weights, the teacher's answers)."""
+    tracked = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], cwd=REPO, capture_output=True,
+                             text=True, input="\n".join(f"experiments/reopold/x/{p.relative_to(out)}"
+                                                        for p in out.rglob("*") if p.is_file()))
+    for line in tracked.stdout.splitlines():
+        (out / Path(line).relative_to("experiments/reopold/x")).unlink()
+    for folder in sorted((p for p in out.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        if not any(folder.iterdir()):  # git holds no empty folders
+            folder.rmdir()
+
+
+def test_a_committed_folder_on_a_new_machine_remakes_only_the_weights_it_needs(tmp_path, monkeypatch):
+    """Git keeps a finished run's logs and state but no weights. On a new machine the experiment goes on: a
+    finished run is not trained again, an unfinished one starts over, and the teacher and warm start it needs
+    are made again; a teacher that comes out different is evaluated again, the record it replaces is kept in
+    history.json and its cached answers are remade, and each run's lineage names the weights it learned from."""
+    from experiments.reopold import protocol
+
+    out = tmp_path / "x"
+    assert reopold_main(["--out", str(out), "--scale", "tiny", "--no-progress"]) == 0
+    finished = (out / "runs" / "reopold-seed0" / "train.jsonl").read_text()
+    lineage = json.loads((out / "runs" / "reopold-seed0" / "lineage.json").read_text())
+    first_teacher = json.loads((out / "teacher_eval.json").read_text())
+    assert lineage["teacher"]["weights"] == first_teacher["weights"] and lineage["cpu"]
+    assert lineage["warm_start"]["weights"] == json.loads((out / "start_eval.json").read_text())["weights"]
+    # One run was cut short (its state at step 1), then the folder went through git to a new machine.
+    unfinished = out / "runs" / "opd-seed2"
+    state = json.loads((unfinished / "checkpoint" / "state.json").read_text())
+    (unfinished / "checkpoint" / "state.json").write_text(json.dumps(dict(state, step=1)))
+    (out / "summary.json").unlink()
+    _as_git_keeps_it(out)
+    assert not (out / "teacher" / "checkpoint").exists() and not (out / "teacher_samples.jsonl").exists()
+    assert (unfinished / "checkpoint" / "state.json").exists() and protocol.weights_gone(unfinished)
+
+    # The new machine's teacher differs (as another CPU's would): another seed stands in for it.
+    monkeypatch.setattr(protocol, "TEACHER_SEED", protocol.TEACHER_SEED + 1)
+    assert reopold_main(["--out", str(out), "--scale", "tiny", "--no-progress"]) == 0
+    assert (out / "runs" / "reopold-seed0" / "train.jsonl").read_text() == finished
+    teacher = json.loads((out / "teacher_eval.json").read_text())
+    assert teacher["weights"] != first_teacher["weights"]
+    assert json.loads((out / "history.json").read_text())["teacher_eval"] == [first_teacher]
+    assert (out / "teacher_samples.jsonl").exists() and (out / "summary.json").exists()
+    assert [json.loads(l)["step"] for l in (unfinished / "train.jsonl").read_text().splitlines()] == list(
+        range(1, get_scale("tiny").steps + 1))
+    assert json.loads((unfinished / "lineage.json").read_text())["teacher"]["weights"] == teacher["weights"]
+    assert json.loads((out / "runs" / "reopold-seed0" / "lineage.json").read_text()) == lineage
+
+
 def test_the_old_hyflash_command_names_the_new_one(tmp_path, capsys):
     """`hyflash reopold-experiment` left the library with the experiment: it runs nothing and says where it went."""
     from hyflash.cli import main

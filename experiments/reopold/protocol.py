@@ -20,10 +20,17 @@ killed command run again continues where it stopped (tensors in safetensors, eve
                          the same student samples per run, evaluated on the test split
   summary.json, results.md, accuracy_entropy.png, timing.json (wall seconds per stage, kept apart so that
                          a resumed run writes the same summary as an uninterrupted one)
+
+Weights lost with a machine: a folder committed to git keeps every log and JSON but no weights (.gitignore), so
+that a long experiment can go on in a later session on a new machine. Whatever still has to train from weights
+that are gone is made again by its own stage and seed: the teacher (and its cached answers), the warm start, an
+unfinished run (from its first step). Their evaluations are redone; the records they replace move to
+history.json, and each comparison run's lineage.json names the teacher and warm start it learned from.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -41,9 +48,28 @@ from hyflash.distill.student import load_model, save_tiny_model
 from hyflash.distill.trainer import DistillConfig, TeacherSamples, Trainer, evaluate, resolve_device
 from hyflash.errors import HyflashError
 from hyflash.files import atomic_write_json, read_jsonl
+from hyflash.machine import cpu_description
 from hyflash.targets import DTYPES
 
 TEACHER_SEED, PROBE_SEED = 3000, 2000  # seeds of the teacher's fine-tune and the warm-ups (not run seeds)
+
+
+def weights_digest(folder: Path) -> str:
+    """sha256 (16 hex digits) of a checkpoint's weights: which teacher or warm start a record belongs to."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.glob("*.safetensors")):
+        if path.name != "optimizer.safetensors":
+            with path.open("rb") as f:
+                for block in iter(lambda: f.read(1 << 24), b""):
+                    digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def weights_gone(folder: Path) -> bool:
+    """Whether a run's checkpoint records a step but its weights are not there (committed logs, a new machine)."""
+    checkpoint = folder / "checkpoint"
+    return (checkpoint / "state.json").exists() and not any(
+        p.name != "optimizer.safetensors" for p in checkpoint.glob("*.safetensors"))
 
 
 def pick_layers(final_accuracy: dict[int, float], max_start: float, min_start: float = 0.0) -> tuple[int, str]:
@@ -170,10 +196,17 @@ class Experiment:
             self._teacher = model.to(resolve_device(self.scale.device)).eval(), tok
         return self._teacher
 
-    def _train(self, config: DistillConfig, prune: bool = True) -> list[dict]:
+    def _train(self, config: DistillConfig, prune: bool = True, need_weights: bool = False) -> list[dict]:
         """Run (or resume) one training run unless it has finished; returns its evaluations. Its teacher is the
-        experiment's own unless `config.teacher` names another model (the self-distillation extension)."""
+        experiment's own unless `config.teacher` names another model (the self-distillation extension). A run
+        whose weights are gone trains again from its first step if it had not finished, or if a later stage
+        loads its weights (`need_weights`: the teacher, the warm start)."""
         folder = Path(config.out)
+        if weights_gone(folder) and (need_weights or not run_finished(folder, config.steps, config.stop_at_accuracy)):
+            print(f"reopold experiment: {folder} lost its weights (a new machine); training it again from the start",
+                  flush=True)
+            for name in ("checkpoint", "checkpoint.old", "checkpoint.tmp"):
+                shutil.rmtree(folder / name, ignore_errors=True)
         if not run_finished(folder, config.steps, config.stop_at_accuracy):
             teacher, tok = None, None
             if config.sft_source != "ground-truth" and config.method != "grpo":
@@ -224,14 +257,27 @@ class Experiment:
             stop_at_accuracy=s.teacher_stop,
         )
         # Its optimizer moments stay (~1 GB): a raised teacher_stop continues this fine-tune exactly.
-        self._train(config, prune=False)
-        path = self.out / "teacher_eval.json"
-        if not path.exists():
-            state = json.loads((self.teacher_model / "state.json").read_text())
-            result = self._evaluate(*self.teacher(), "test", s.eval_size)
-            result.update(steps=state["step"], stopped_early=state["stopped_early"],
-                          val_curve=read_jsonl(self.out / "teacher" / "eval.jsonl"))
-            atomic_write_json(path, result)
+        self._train(config, prune=False, need_weights=True)
+        path, digest = self.out / "teacher_eval.json", weights_digest(self.teacher_model)
+        old = json.loads(path.read_text()) if path.exists() else None
+        if old is not None and old.get("weights", digest) == digest:  # no digest: written before digests, same weights
+            return
+        if old is not None:  # a teacher made again: its answers are another teacher's
+            self._replaced("teacher_eval", old)
+            (self.out / "teacher_samples.jsonl").unlink(missing_ok=True)
+        state = json.loads((self.teacher_model / "state.json").read_text())
+        result = self._evaluate(*self.teacher(), "test", s.eval_size)
+        result.update(steps=state["step"], stopped_early=state["stopped_early"],
+                      val_curve=read_jsonl(self.out / "teacher" / "eval.jsonl"), weights=digest,
+                      cpu=cpu_description()[0])
+        atomic_write_json(path, result)
+
+    def _replaced(self, name: str, record: dict) -> None:
+        """Keep the record of weights that were made again (history.json: name -> earlier records)."""
+        path = self.out / "history.json"
+        history = json.loads(path.read_text()) if path.exists() else {}
+        history.setdefault(name, []).append(record)
+        atomic_write_json(path, history)
 
     def _evaluate(self, model, tokenizer, split: str, size: int) -> dict:
         s = self.scale
@@ -245,35 +291,50 @@ class Experiment:
         prompts = [p.prompt for p in tasks.chain_split("train", s.pool, 0, s.levels)]
         TeacherSamples(self.out / "teacher_samples.jsonl", model, tok, s.max_new_tokens).get(prompts, s.eval_batch)
 
+    def _probe_config(self, layers: int) -> DistillConfig:
+        s = self.scale
+        return self._config(
+            method="sft", student=f"first-{layers}:{self.teacher_model}",
+            out=str(self.out / "probe" / f"layers-{layers}"), steps=s.warmup_steps, batch_size=s.warmup_batch,
+            lr=s.warmup_lr, seed=PROBE_SEED, eval_split="val", eval_size=s.val_size,
+            eval_every=s.warmup_eval_every or max(1, s.warmup_steps // 2), checkpoint_every=s.warmup_steps,
+            stop_at_accuracy=s.min_start or None,
+        )
+
+    def _evaluate_start(self, layers: int) -> None:
+        warm = self.out / "probe" / f"layers-{layers}" / "checkpoint"
+        start = self._evaluate(*self._load_rollout_copy(warm), "test", self.scale.eval_size)
+        atomic_write_json(self.out / "start_eval.json", dict(start, layers=layers, weights=weights_digest(warm),
+                                                             cpu=cpu_description()[0]))
+
     def probe_students(self) -> None:
         path = self.out / "probe.json"
-        if path.exists():
-            return
         s = self.scale
+        if path.exists():
+            chosen = json.loads(path.read_text())["chosen_layers"]
+            if not weights_gone(self.out / "probe" / f"layers-{chosen}") and self.warm_start.exists():
+                return
+            # The warm start is gone with its machine: the chosen candidate's warm-up is made again alone.
+            self._train(self._probe_config(chosen), prune=False, need_weights=True)
+            self._replaced("start_eval", json.loads((self.out / "start_eval.json").read_text()))
+            self._evaluate_start(chosen)
+            return
         curves = {}
         # With a floor (min_start), each warm-up stops once it reaches the floor, and the deepest candidate
         # goes first: the first one that lands in [min_start, max_start] is the one pick_layers would keep.
         order = sorted(s.probe_layers, reverse=True) if s.min_start else list(s.probe_layers)
-        every = s.warmup_eval_every or max(1, s.warmup_steps // 2)
         for n in order:
-            config = self._config(
-                method="sft", student=f"first-{n}:{self.teacher_model}", out=str(self.out / "probe" / f"layers-{n}"),
-                steps=s.warmup_steps, batch_size=s.warmup_batch, lr=s.warmup_lr, seed=PROBE_SEED, eval_split="val",
-                eval_size=s.val_size, eval_every=every, checkpoint_every=s.warmup_steps,
-                stop_at_accuracy=s.min_start or None,
-            )
-            curves[n] = [e["accuracy"] for e in self._train(config, prune=False)]
+            curves[n] = [e["accuracy"] for e in self._train(self._probe_config(n), prune=False)]
             if s.min_start and s.min_start <= curves[n][-1] <= s.max_start:
                 break
         chosen, rule = pick_layers({n: c[-1] for n, c in curves.items()}, s.max_start, s.min_start)
-        warm = self.out / "probe" / f"layers-{chosen}" / "checkpoint"
-        start = self._evaluate(*self._load_rollout_copy(warm), "test", s.eval_size)
-        atomic_write_json(self.out / "start_eval.json", dict(start, layers=chosen))
+        self._evaluate_start(chosen)
         atomic_write_json(path, {
             "candidates": {str(n): {"val_accuracy_during_warmup": c} for n, c in curves.items()},
             "warmup_steps": s.warmup_steps, "warmup_samples": s.warmup_steps * s.warmup_batch,
             "max_start": s.max_start, "min_start": s.min_start, "chosen_layers": chosen, "rule": rule,
-            "warm_start": str(warm.relative_to(self.out)),  # relative: the folder may move
+            # relative: the folder may move
+            "warm_start": str((self.out / "probe" / f"layers-{chosen}" / "checkpoint").relative_to(self.out)),
         })
         for n in curves:  # only the chosen warm start is used again (pruned after probe.json exists)
             if n != chosen and not self.keep_checkpoints:
@@ -323,6 +384,17 @@ class Experiment:
                                          "chosen_lr": best_learning_rate(scores)}
             atomic_write_json(path, result)
 
+    def _write_lineage(self, folder: Path) -> None:
+        """What a comparison run learns from: the teacher's and warm start's weights and test accuracy, and
+        the CPU (the weights may be made again on another machine between sessions)."""
+        teacher = json.loads((self.out / "teacher_eval.json").read_text())
+        start = json.loads((self.out / "start_eval.json").read_text())
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(folder / "lineage.json", {
+            "teacher": {"weights": teacher.get("weights"), "accuracy": teacher["accuracy"]},
+            "warm_start": {"weights": start.get("weights"), "accuracy": start["accuracy"]},
+            "cpu": cpu_description()[0]})
+
     def comparison_runs(self) -> None:
         s = self.scale
         chosen = {m: r["chosen_lr"] for m, r in json.loads((self.out / "grid.json").read_text())["methods"].items()}
@@ -334,5 +406,7 @@ class Experiment:
             for seed in s.seeds:
                 for method in group:
                     folder = self.out / "runs" / f"{method}-seed{seed}"
-                    self._train(self._run_config(method, chosen[method], seed, folder, s.steps, "test",
-                                                 s.eval_size))
+                    config = self._run_config(method, chosen[method], seed, folder, s.steps, "test", s.eval_size)
+                    if not run_finished(folder, s.steps):
+                        self._write_lineage(folder)
+                    self._train(config)
