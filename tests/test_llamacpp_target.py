@@ -334,6 +334,28 @@ def test_dropping_features_mid_sequence_moves_it_to_the_plain_context_bit_for_bi
 
 
 @pytest.mark.slow
+def test_cells_left_by_earlier_sequences_change_no_logit(lcpp):
+    """reset() and a cache move forget cells without zeroing their bytes (zeroing the 8k-cell cache cost 14 ms a
+    move): a sequence written over another's stale keys and values gives bit for bit a fresh context's logits."""
+    from hyflash.targets.llamacpp import LlamaCppTarget
+
+    ids, other = lcpp.encode_prompt(PROMPTS[0]), lcpp.encode_prompt(" ".join(PROMPTS) * 4)
+    fresh = LlamaCppTarget.load("smollm2-135m", n_threads=1)
+    want = [fresh.prefill(ids, features=False, feature_free=True).logits, fresh.score(ids[:4], features=False).logits]
+    for ctx_kind in ("feature-free", "moved"):
+        lcpp.prefill(other, features=False, feature_free=True)  # stale bytes in the cells ids will take, and beyond
+        lcpp.prefill(other, features=True)
+        lcpp.reset()
+        if ctx_kind == "moved":
+            got = [lcpp.prefill(ids, features=True).logits]
+            lcpp.drop_features()
+        else:
+            got = [lcpp.prefill(ids, features=False, feature_free=True).logits]
+        got.append(lcpp.score(ids[:4], features=False).logits)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), ctx_kind
+
+
+@pytest.mark.slow
 def test_a_generation_without_features_runs_in_the_context_without_the_callback(lcpp):
     """A feature-recording target prefilled feature_free switches to its callback-free context: the same
     logits bit for bit, no features until a prefill that may ask for them."""
