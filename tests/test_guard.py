@@ -104,6 +104,25 @@ def test_a_step_that_overdraws_the_loss_budget_pauses_or_falls_back_at_once_by_w
     assert dear.stats()["fallbacks"] == 1 and dear.idle_left == Guard.FIRST_GAP  # a fall-back at the 2nd step
 
 
+@pytest.mark.parametrize("ingest_ms, retires", [(0.5, True), (0.1, False)])
+def test_a_budget_pause_retires_the_drafter_only_where_feeding_it_idle_is_dear(ingest_ms, retires):
+    """Steps where the drafter proposes nothing worth verifying still pay for it (features, ingest): 1.5 ms of a
+    10 ms step. They overdraw the loss budget before the window has lost a plain step: a pause. Fed through the
+    pause, the drafter would go on losing as much a step (llama.cpp at T = 0.7), so where its ingest is dear (5%
+    of a step) the pause retires it; where it is cheap (1%, transformers) it stays fed for when it may pay."""
+    costs = curve([10, 16], plain=10)
+    policy = SpeculationPolicy(costs)
+    policy.start_run(reads_features=True, max_draft=3)
+    assert not policy.retire_expensive
+    for step in range(30):
+        policy.proposed = True  # the drafter ran and nothing it proposed was worth verifying
+        policy.observe(None, 0, 0, StepTimes(draft=0.5, verify=11.0 - ingest_ms, ingest=ingest_ms, total=11.5))
+        if policy.retire_expensive or policy.guard.pauses:
+            break
+    assert policy.guard.pauses == 1 and policy.guard.fallbacks == 0 and policy.guard.paused
+    assert policy.retire_expensive is retires and policy.retired_by_guard is retires
+
+
 def test_no_step_may_verify_more_drafts_than_the_loss_budget_left_could_pay_for_if_all_were_rejected():
     """llama.cpp-like costs: a 7-token draft the planner is sure of would lose 2.4 plain steps if all were
     rejected, the budget at the start is 1.28 (64 tokens' 2%): it is cut to the 3 drafts whose pass loses at most

@@ -388,8 +388,8 @@ def test_a_drafter_retired_where_idling_it_costs_little_is_tried_again_by_the_ne
 
 def test_the_ledger_charges_a_step_the_ingest_it_measured_not_a_per_token_estimate():
     """Ingest is mostly a fixed cost a step: after one-token steps at 1 ms, a step that commits 8 tokens for
-    1.2 ms is charged 1.2 ms (and the features), not 8 tokens at the per-token estimate of ~1 ms."""
-    policy = SpeculationPolicy(curve([10, 15, 17, 18], feature_ms=0.3), PolicyConfig(ledger_after=0))
+    1.2 ms is charged 1.2 ms (and the features), not 8 tokens at the per-token estimate of ~1 ms. The ledger alone: no guard."""
+    policy = SpeculationPolicy(curve([10, 15, 17, 18], feature_ms=0.3), PolicyConfig(ledger_after=0, guard=False))
     policy.start_run(context=0, max_draft=3)
     for _ in range(10):  # the drafter ran and nothing was worth verifying
         policy.proposed = True
