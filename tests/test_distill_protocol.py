@@ -448,6 +448,9 @@ def test_a_committed_folder_on_a_new_machine_remakes_only_the_weights_it_needs(t
         range(1, get_scale("tiny").steps + 1))
     assert json.loads((unfinished / "lineage.json").read_text())["teacher"]["weights"] == teacher["weights"]
     assert json.loads((out / "runs" / "reopold-seed0" / "lineage.json").read_text()) == lineage
+    made = json.loads((out / "summary.json").read_text())["lineage"]  # the report says the runs are replicates
+    assert made["teachers"] == 2 and made["warm_starts"] == 2 and made["runs"]["reopold-seed0"] == lineage
+    assert "learned from 2 teachers and 2 warm starts" in (out / "results.md").read_text()
 
 
 def test_the_old_hyflash_command_names_the_new_one(tmp_path, capsys):

@@ -101,8 +101,19 @@ def build_summary(out: Path, scale: Scale) -> dict:
         "loss_normalization": "valid: every sampled-token loss divides by the batch's response tokens",
         "scale": scale.as_dict(),
     }
+    summary["lineage"] = lineage(out, seeds)
     summary["bar"] = _bar(summary)
     return summary
+
+
+def lineage(out: Path, seeds: dict[str, list[int]]) -> dict:
+    """Per finished run, the teacher and warm start it learned from (lineage.json; absent in folders written
+    before lineages), and how many distinct ones the runs had: more than one where a later session on a new
+    machine made them again (protocol.py), so seeds are then replicates of the whole recipe."""
+    runs = {f"{m}-seed{s}": _load(out / "runs" / f"{m}-seed{s}" / "lineage.json") for m, ss in seeds.items() for s in ss}
+    known = [r for r in runs.values() if r]
+    return {"runs": runs, "teachers": len({r["teacher"]["weights"] for r in known}),
+            "warm_starts": len({r["warm_start"]["weights"] for r in known})}
 
 
 def _bar(summary: dict) -> dict:
@@ -168,6 +179,14 @@ def results_table(summary: dict) -> str:
     head = (f"Teacher {_fmt(summary['teacher_accuracy'])}, warm start {_fmt(summary['start_accuracy'])} "
             f"({summary['student_layers']} layers), {summary['eval_size']} test problems, "
             f"{summary['samples_per_run']} samples per run.")
+    made = summary.get("lineage") or {}
+    if made.get("teachers", 0) > 1 or made.get("warm_starts", 0) > 1:
+        accuracies = sorted({(r["teacher"]["accuracy"], r["warm_start"]["accuracy"])
+                             for r in made["runs"].values() if r})
+        head += (f" The runs learned from {made['teachers']} teachers and {made['warm_starts']} warm starts, made "
+                 f"again on new machines by the same stages and seeds (teacher, start accuracy: "
+                 f"{', '.join(f'{t:.3f}, {w:.3f}' for t, w in accuracies)}; lineage per run in summary.json); the "
+                 f"head's figures are the latest.")
     tail = ["", *pairs] if len(pairs) > 2 else []
     return "\n".join([head, "", *rows, "", verdict, *tail]) + "\n"
 
