@@ -10,6 +10,7 @@ from hyflash.decoding import generate
 from hyflash.drafters.ngram import NgramDrafter
 from hyflash.sampling import SamplingConfig
 from hyflash.targets import HFTarget
+from hyflash.targets import linear
 from hyflash.targets.linear import FewRowsConfig, FewRowsLinear, reference_linear, use_for, verify_passes
 
 
@@ -85,3 +86,47 @@ def test_greedy_speculative_text_on_a_float32_target_equals_plain_decoding(monke
     speculative = generate(target, prompt, NgramDrafter(), max_new_tokens=40, sampling=SamplingConfig())
     assert speculative.tokens == plain.tokens
     assert max(used) > 1  # some passes verified drafts
+
+
+class _FakeKernels:
+    """Kernels that take no real time but advance a fake clock: torch's by `stock(rows)` a weight, the few-rows
+    kernel by `fast(rows)`."""
+
+    def __init__(self, monkeypatch, stock, fast):
+        self.now = 0.0
+        monkeypatch.setattr(linear, "F", type("F", (), {"linear": staticmethod(lambda x, w: self._tick(stock(x.shape[1])))}))
+        monkeypatch.setattr(linear, "_kernel", lambda w, x: self._tick(fast(x.shape[1])))
+
+    def _tick(self, dt):
+        self.now += dt
+
+    def clock(self):
+        return self.now
+
+
+@pytest.mark.parametrize("wins_up_to", [1, 5, 16])
+def test_the_row_limit_is_where_the_kernel_stops_beating_torch_on_this_machine(monkeypatch, wins_up_to):
+    """measure_rows keeps the kernel for every row count from 2 up to the first it loses at (as on the Zen 4,
+    whose small layers lose from 12 rows; on the Intel Xeon the head lost at 2 rows already: 1, never)."""
+    fake = _FakeKernels(monkeypatch, stock=lambda r: 1.0 + r, fast=lambda r: 1.5 + r if r > wins_up_to else 0.5 + r)
+    assert linear.measure_rows([torch.zeros(8, 4)] * 3, clock=fake.clock) == wins_up_to
+
+
+def test_use_for_applies_the_measured_limits_per_shape_and_measures_once_per_machine(monkeypatch, tmp_path):
+    monkeypatch.setenv("HYFLASH_CACHE", str(tmp_path))
+    measured = []
+    monkeypatch.setattr(linear, "measure_rows", lambda weights: measured.append(tuple(weights[0].shape)) or (
+        1 if weights[0].shape[0] == 97 else 6))  # the head (vocabulary 97) never faster
+    model = tiny_llama()
+    assert use_for(model)
+    limits = {tuple(m.weight.shape): m.max_rows for m in model.modules() if type(m) is FewRowsLinear}
+    assert limits[tuple(model.lm_head.weight.shape)] == 1 and set(limits.values()) == {1, 6}
+    assert sorted(measured) == sorted(limits)  # each shape once
+    with verify_passes():  # a head measured as never faster takes torch's kernel: bit for bit F.linear
+        x = torch.randn(1, 2, model.lm_head.in_features)
+        assert torch.equal(model.lm_head(x), reference_linear(model.lm_head, x))
+    measured.clear()
+    again = tiny_llama()
+    use_for(again)
+    assert measured == [] and {tuple(m.weight.shape): m.max_rows for m in again.modules()
+                               if type(m) is FewRowsLinear} == limits  # from the cache

@@ -14,13 +14,19 @@ logits), as stock multi-row passes already differ from one-token steps. The cali
 (`KERNEL`), so curves measured without it are re-measured.
 
 Applied only inside `verify_passes()` (HFTarget.score), only to float32 linears on the CPU, only for batch-1
-inputs with few rows: how many count as few depends on the layer's shape (`FewRowsConfig`), since for the
-smaller layers torch's kernel wins again from 12 rows on here. bf16 keeps torch's kernel: oneDNN's bf16
-path was as fast or faster at every row count measured.
+inputs with few rows. How many count as few is measured on the machine, per layer shape (`measured_rows`, cached
+per CPU): on the Zen 4 the smaller layers lose again from 12 rows, and on an Intel Xeon (AMX, 2 cores, MKL) the
+output head took 24 ms at 2 rows this way against torch's 8 ms, so a 2-token pass cost 2.2 one-token steps with
+the kernel where the fixed limits applied it everywhere (`FewRowsConfig`, the Zen 4's measured limits, is the
+reference the tests use). bf16 keeps torch's kernel: oneDNN's bf16 path was as fast or faster at every row count
+measured.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import time
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -28,7 +34,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-KERNEL = "few-rows-transposed"  # names the kernel in the calibration key (HFTarget.identity)
+from hyflash.files import atomic_write_json
+from hyflash.machine import cpu_description
+from hyflash.targets.base import cache_root
+
+# Names the kernel in the calibration key (HFTarget.identity); "measured": its row limits are this machine's.
+KERNEL = "few-rows-transposed-measured"
+MAX_ROWS = 16  # the longest verify pass it is tried for
 
 _in_verify_pass: ContextVar[bool] = ContextVar("hyflash_verify_pass", default=False)
 
@@ -44,9 +56,11 @@ class FewRowsConfig:
 
 class FewRowsLinear(torch.nn.Linear):
     """An nn.Linear whose forward takes W @ x^T inside a verify pass for few rows; F.linear otherwise. Swapped in
-    by class (`use_for`), so the weights, their tying and the state dict stay as they are."""
+    by class (`use_for`), so the weights, their tying and the state dict stay as they are. `max_rows` (set by
+    use_for, per layer shape) bounds the rows; unset, the reference limits of `FewRowsConfig`."""
 
     few_rows_config = FewRowsConfig()
+    max_rows: int | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _in_verify_pass.get() and x.dim() == 3 and x.shape[0] == 1 and 2 <= x.shape[1] <= self._max_rows():
@@ -55,8 +69,55 @@ class FewRowsLinear(torch.nn.Linear):
         return F.linear(x, self.weight, self.bias)
 
     def _max_rows(self) -> int:
+        if self.max_rows is not None:
+            return self.max_rows
         config = self.few_rows_config
         return config.head_rows if self.out_features >= config.head_ratio * self.in_features else config.layer_rows
+
+
+def _kernel(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return (weight @ x[0].t()).t().contiguous()
+
+
+def measure_rows(weights: list[torch.Tensor], repeats: int = 5, clock=time.perf_counter) -> int:
+    """The most rows (up to MAX_ROWS) for which W @ x^T beats torch's kernel at every count from 2 on, each
+    timed over all `weights` of one shape in turn (as cold in the caches as a pass leaves them), the two kernels
+    alternated, the fastest of `repeats` rounds each. 1: never."""
+    torch.manual_seed(0)
+    for rows in range(2, MAX_ROWS + 1):
+        x = torch.randn(1, rows, weights[0].shape[1])
+        best = {F.linear: float("inf"), _kernel: float("inf")}
+        for _ in range(repeats + 1):  # the first round warms up
+            for fn in best:
+                start = clock()
+                for w in weights:
+                    fn(x, w) if fn is F.linear else fn(w, x)
+                best[fn] = min(best[fn], clock() - start)
+        if best[_kernel] >= best[F.linear]:
+            return rows - 1
+    return MAX_ROWS
+
+
+def measured_rows(model) -> dict[tuple[int, int], int]:
+    """measure_rows per layer shape of `model`'s swapped linears, cached per CPU, torch version and thread count
+    (`cache_root()/few-rows/`): ~1-3 s once for SmolLM2-135M."""
+    shapes: dict[tuple[int, int], list[torch.Tensor]] = {}
+    for module in model.modules():
+        if type(module) is FewRowsLinear:
+            shapes.setdefault(tuple(module.weight.shape), []).append(module.weight.detach())
+    cpu, flags = cpu_description()
+    key = {"cpu": cpu, "flags": flags, "torch": torch.__version__, "threads": torch.get_num_threads(),
+           "shapes": sorted(shapes)}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    path = cache_root() / "few-rows" / f"{digest}.json"
+    if path.exists():
+        return {tuple(map(int, k.split("x"))): v for k, v in json.loads(path.read_text())["rows"].items()}
+    with torch.inference_mode():
+        rows = {shape: measure_rows(weights) for shape, weights in shapes.items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, dict(key, shapes=[list(s) for s in sorted(shapes)],
+                                 rows={f"{o}x{i}": r for (o, i), r in rows.items()}))
+    return rows
 
 
 def reference_linear(linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -74,13 +135,19 @@ def verify_passes():
         _in_verify_pass.reset(token)
 
 
-def use_for(model) -> bool:
+def use_for(model, measure: bool = True) -> bool:
     """Swap a float32 CPU model's nn.Linear layers to FewRowsLinear (exactly nn.Linear, not subclasses such as
-    quantised ones); other models keep theirs. True if swapped."""
+    quantised ones), with the row limits measured here per layer shape (`measured_rows`; measure=False: the
+    reference limits); other models keep theirs. True if swapped."""
     weight = model.get_input_embeddings().weight
     if weight.device.type != "cpu" or weight.dtype != torch.float32:
         return False
     for module in model.modules():
         if type(module) is torch.nn.Linear:
             module.__class__ = FewRowsLinear
+    if measure:
+        rows = measured_rows(model)
+        for module in model.modules():
+            if type(module) is FewRowsLinear:
+                module.max_rows = rows[tuple(module.weight.shape)]
     return True
