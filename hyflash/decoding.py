@@ -114,19 +114,22 @@ def _target_rows(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor
 
 def _verify(target: HFTarget, next_token: int, plan, sampling: SamplingConfig, generator, features: bool):
     """One target pass over [next_token] + the plan's tokens. Returns (block, scored, accepted draft tokens,
-    indices of the block to keep (0 = next_token), the correction or bonus token)."""
+    indices of the block to keep (0 = next_token), the correction or bonus token, the rows the rejection rule
+    read)."""
     device = target.device
     if isinstance(plan, DraftTree):
         block = torch.tensor([next_token] + plan.tokens, device=device)
         scored = target.score(block, features=features, tree=(plan.ancestor_mask(), plan.position_offsets()))
-        path, nxt = verify_tree(plan, _target_rows(scored.logits, sampling), sampling.greedy, generator)
-        return block, scored, [plan.tokens[i] for i in path], [0] + [1 + i for i in path], nxt
+        rows = _target_rows(scored.logits, sampling)
+        path, nxt = verify_tree(plan, rows, sampling.greedy, generator)
+        return block, scored, [plan.tokens[i] for i in path], [0] + [1 + i for i in path], nxt, rows
     tokens = plan.tokens.to(device) if plan is not None else torch.empty(0, dtype=torch.long, device=device)
     q = None if plan is None or plan.probs is None else plan.probs.to(device)
     block = torch.cat([torch.tensor([next_token], device=device), tokens])
     scored = target.score(block, features=features)
-    n, nxt = verify_block(_target_rows(scored.logits, sampling), tokens, q, sampling, generator)
-    return block, scored, tokens[:n].tolist(), list(range(n + 1)), nxt
+    rows = _target_rows(scored.logits, sampling)
+    n, nxt = verify_block(rows, tokens, q, sampling, generator)
+    return block, scored, tokens[:n].tolist(), list(range(n + 1)), nxt, rows
 
 
 def _drafting(drafter: Drafter | None, policy: SpeculationPolicy) -> tuple[Drafter | None, bool]:
@@ -210,7 +213,8 @@ def generate(
                 plan = plan.first(context_room)
         t1 = _clock()
 
-        block, scored, accepted, kept, next_token = _verify(target, next_token, plan, sampling, generator, want_features)
+        block, scored, accepted, kept, next_token, rows = _verify(target, next_token, plan, sampling, generator,
+                                                                  want_features)
         target.keep(position, kept)  # the cache keeps the root and the accepted path only
         n_accepted = len(accepted)
         t2 = _clock()
@@ -236,7 +240,7 @@ def generate(
         result.verify_time += t2 - t1
         # The policy corrects its costs by what this step took, and its guard judges whether speculating pays.
         times = StepTimes(1000 * (t1 - t0), 1000 * (t2 - t1), 1000 * (t3 - t2), 1000 * (_clock() - t0))
-        policy.observe(plan, n_accepted, position, times)
+        policy.observe(plan, n_accepted, position, times, first_row=rows[0])
         if on_tokens:
             on_tokens(new)
 

@@ -145,6 +145,24 @@ class AcceptanceCalibrator:
             self.reached[source, b] += 1
             self.accepted[source, b] += int(j < n_accepted)
 
+    def update_first(self, source: str, confidence: float, accepted: float) -> None:
+        """A first slot that was reached but not verified, accepted with probability `accepted` (`shadow_acceptance`)."""
+        b = self._bin(confidence)
+        self.reached[source, b] += 1
+        self.accepted[source, b] += accepted
+
+
+def shadow_acceptance(draft: Draft, first_row: torch.Tensor, greedy: bool) -> float:
+    """The probability that the rejection rule would have accepted the draft's first token, from the target's row
+    at that slot (every pass computes it: it is the distribution after the verified token, whatever was drafted).
+    first_row: raw logits for greedy (accepted iff the token is their argmax), else the warped probabilities p, where
+    the token d drawn from q is accepted with probability min(1, p(d) / q(d)) (q one-hot for a deterministic draft)."""
+    token = int(draft.tokens[0])
+    if greedy:
+        return float(int(first_row.argmax()) == token)
+    q = 1.0 if draft.probs is None else float(draft.probs[0, token])
+    return min(1.0, float(first_row[token]) / q) if q > 0 else 0.0
+
 
 def expected_committed(acceptance: list[float]) -> list[float]:
     """E[tokens committed] when verifying the first k drafts, for k = 0..len: 1 + sum of survival products."""
@@ -172,6 +190,7 @@ class SpeculationPolicy:
         self.retired_by_guard = False  # ...in a fall-back to plain steps
         self.retired_dear = False  # ...where feeding it idle was dear then (`_idle_is_dear`): later runs rest
         self.proposed: bool | None = None  # this step: None, the drafter did not run; else whether its expensive part did
+        self.unverified: list[Draft] = []  # this step's drafts that were not verified (their first slot: observe)
         self.context = 0  # the context of the last step observed
         self.temperature = 0.0  # the generation's sampling temperature, to 0.1 (start_run)
         self.start_context = 0  # the prompt's length (start_run)
@@ -325,6 +344,7 @@ class SpeculationPolicy:
         """The draft to verify, cut to its best length (or a DraftTree, in tree mode); None (a plain step)
         when nothing pays."""
         self.proposed = any(d.expensive for d in candidates)
+        self.unverified = []
         if not any(len(d.tokens) for d in candidates):
             self._lookup_back_off(verified=False)
             return None  # nothing to verify, and nothing for the drafter's back-off or the ledger to count
@@ -356,6 +376,7 @@ class SpeculationPolicy:
         else:
             self._account(candidates, 0.0, 0.0, without)
         self._lookup_back_off(verified=best is not None)
+        self.unverified = [d for d in candidates if len(d.tokens) and d is not best]
         if best is None:
             self.lengths[0] += 1  # a plain step by choice
             return None
@@ -464,15 +485,26 @@ class SpeculationPolicy:
         self.lengths[k] += 1
         return draft.truncated(k)
 
-    def observe(self, draft, n_accepted: int, context: int = 0, times: StepTimes | None = None) -> None:
+    def observe(self, draft, n_accepted: int, context: int = 0, times: StepTimes | None = None,
+                first_row: torch.Tensor | None = None) -> None:
         """Update the calibration (a tree counts as its source's chain reaching depth n_accepted: a slight
         over-estimate, since a tree's alternatives make each depth likelier to be reached); with the step's
-        measured times, correct the cost curve and let the guard judge the step."""
+        measured times, correct the cost curve and let the guard judge the step.
+        first_row: the target's row after the verified token, as the rejection rule reads it (logits for greedy,
+        warped probabilities else). With it, the first slot of each draft the step did not verify is calibrated
+        too, at no cost: without it, a confidence bin whose drafts never looked worth verifying was never
+        measured, so its prior decided for the whole generation (the n-gram lookup at T = 0.7 on llama.cpp,
+        where a 2-token pass pays only above ~0.66 a slot). It is the past only, so sampling stays exact."""
         self.steps += 1
         self.context = context
         proposed, self.proposed = self.proposed, None
+        unverified, self.unverified = self.unverified, []
         if draft is not None and len(draft.tokens):
             self.calibrator.update(self._calibrated_as(draft.source), draft.confidence_or_default(), n_accepted)
+        if first_row is not None:
+            for d in unverified:
+                self.calibrator.update_first(self._calibrated_as(d.source), float(d.confidence_or_default()[0]),
+                                             shadow_acceptance(d, first_row, self.temperature == 0))
         if times is not None:
             q = 1 + (0 if draft is None else len(draft.tokens))
             self.live.features = self.reads_features and self.retired_at is None  # (see LiveCosts.features)

@@ -12,7 +12,7 @@ from hyflash.costs import CostCurve, LiveCosts, StepTimes
 from hyflash.decoding import generate
 from hyflash.drafters.base import Draft
 from hyflash.drafters.oracle import TargetGreedyDrafter
-from hyflash.policy import AcceptanceCalibrator, Guard, PolicyConfig, SpeculationPolicy
+from hyflash.policy import AcceptanceCalibrator, Guard, PolicyConfig, SpeculationPolicy, shadow_acceptance
 from hyflash.sampling import SamplingConfig
 
 
@@ -319,3 +319,43 @@ def test_a_drafter_that_could_pay_only_at_implausible_acceptance_sits_out_the_ge
     drafted.clear()
     out, _ = _timed(clock, llama_target, drafter, SpeculationPolicy(steep, PolicyConfig.for_run(keep_drafter=True)), n=40)
     assert drafted and out.policy["expensive_drafter_retired_at_step"] is None
+
+
+# ----- drafts not verified still calibrate their first slot --------------------------------------------------
+def test_shadow_acceptance_is_what_the_rejection_rule_would_have_done_with_the_first_token():
+    logits = torch.tensor([0.1, 2.0, -1.0, 0.5])
+    assert shadow_acceptance(Draft(torch.tensor([1, 0])), logits, greedy=True) == 1.0
+    assert shadow_acceptance(Draft(torch.tensor([3])), logits, greedy=True) == 0.0
+    p = torch.tensor([0.1, 0.6, 0.1, 0.2])
+    assert shadow_acceptance(Draft(torch.tensor([3])), p, greedy=False) == pytest.approx(0.2)  # one-hot q: p(d)
+    q = torch.tensor([[0.1, 0.3, 0.1, 0.5]])
+    assert shadow_acceptance(Draft(torch.tensor([3]), probs=q), p, greedy=False) == pytest.approx(0.4)  # p/q
+    assert shadow_acceptance(Draft(torch.tensor([1]), probs=q), p, greedy=False) == 1.0  # min(1, 2)
+
+
+class UnderconfidentOracle(TargetGreedyDrafter):
+    """The target's own greedy continuation (always accepted), under a confidence whose prior (0.35 a slot) says
+    a 2-token pass at 1.6 steps cannot pay: a cheap lookup that is right where its prior says it is not."""
+
+    is_expensive = False
+
+    def draft(self, last_token, num_tokens, sampling, generator=None) -> Draft:
+        d = super().draft(last_token, num_tokens, sampling, generator)
+        d.confidence, d.source = torch.full((len(d.tokens),), 0.3), "ngram"
+        return d
+
+
+def test_drafts_never_verified_still_teach_the_calibration_their_first_slot(llama_target, monkeypatch):
+    """Without the target's row, a bin whose prior says "do not verify" is never measured, so its prior decides
+    the whole generation: plain speed however good the drafts are. Calibrated from the rows every pass computes
+    (first slots of the drafts not verified), it learns they pay and verifies them; the text stays plain's."""
+    costs = curve([10, 16, 18, 20], plain=10)
+    clock = CurveClock(monkeypatch, llama_target, costs)
+    plain, plain_ms = _timed(clock, llama_target, None, None, n=60)
+    drafter = UnderconfidentOracle(llama_target.model, block_size=4)
+    out, ms = _timed(clock, llama_target, drafter, SpeculationPolicy(costs), n=60)
+    assert out.tokens == plain.tokens and sum(v for k, v in out.policy["draft_lengths"].items() if k > 0) >= 5
+    assert ms < 0.8 * plain_ms
+    monkeypatch.setattr(AcceptanceCalibrator, "update_first", lambda *a: None)  # no shadow calibration
+    out, ms = _timed(clock, llama_target, drafter, SpeculationPolicy(costs), n=60)
+    assert set(out.policy["draft_lengths"]) == {0} and ms == pytest.approx(plain_ms, rel=0.02)
