@@ -11,6 +11,7 @@ cut short, which `read_jsonl` leaves out (and with repair=True, removes from the
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -103,3 +104,12 @@ def replace_folder(tmp: Path, final: Path, old: Path | None = None) -> Path:
     fsync_folder(final.parent)
     shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes (hex), read in 1 MiB blocks (checkpoints are GBs)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -95,7 +95,7 @@ class _FakeKernels:
     def __init__(self, monkeypatch, stock, fast):
         self.now = 0.0
         monkeypatch.setattr(linear, "F", type("F", (), {"linear": staticmethod(lambda x, w: self._tick(stock(x.shape[1])))}))
-        monkeypatch.setattr(linear, "_kernel", lambda w, x: self._tick(fast(x.shape[1])))
+        monkeypatch.setattr(linear, "_kernel", lambda x, w: self._tick(fast(x.shape[1])))
 
     def _tick(self, dt):
         self.now += dt

@@ -47,29 +47,28 @@ from hyflash.distill.plots import smooth
 from hyflash.distill.student import load_model, save_tiny_model
 from hyflash.distill.trainer import DistillConfig, TeacherSamples, Trainer, evaluate, resolve_device
 from hyflash.errors import HyflashError
-from hyflash.files import atomic_write_json, read_jsonl
+from hyflash.files import atomic_write_json, file_sha256, read_jsonl
 from hyflash.machine import cpu_description
 from hyflash.targets import DTYPES
 
 TEACHER_SEED, PROBE_SEED = 3000, 2000  # seeds of the teacher's fine-tune and the warm-ups (not run seeds)
 
 
-def weights_digest(folder: Path) -> str:
+def _weight_files(checkpoint: Path) -> list[Path]:
+    """A checkpoint's model weights (its optimizer moments left out)."""
+    return sorted(p for p in checkpoint.glob("*.safetensors") if p.name != "optimizer.safetensors")
+
+
+def weights_digest(checkpoint: Path) -> str:
     """sha256 (16 hex digits) of a checkpoint's weights: which teacher or warm start a record belongs to."""
-    digest = hashlib.sha256()
-    for path in sorted(folder.glob("*.safetensors")):
-        if path.name != "optimizer.safetensors":
-            with path.open("rb") as f:
-                for block in iter(lambda: f.read(1 << 24), b""):
-                    digest.update(block)
-    return digest.hexdigest()[:16]
+    files = "".join(f"{p.name}:{file_sha256(p)}" for p in _weight_files(checkpoint))
+    return hashlib.sha256(files.encode()).hexdigest()[:16]
 
 
 def weights_gone(folder: Path) -> bool:
     """Whether a run's checkpoint records a step but its weights are not there (committed logs, a new machine)."""
     checkpoint = folder / "checkpoint"
-    return (checkpoint / "state.json").exists() and not any(
-        p.name != "optimizer.safetensors" for p in checkpoint.glob("*.safetensors"))
+    return (checkpoint / "state.json").exists() and not _weight_files(checkpoint)
 
 
 def pick_layers(final_accuracy: dict[int, float], max_start: float, min_start: float = 0.0) -> tuple[int, str]:
@@ -291,18 +290,21 @@ class Experiment:
         prompts = [p.prompt for p in tasks.chain_split("train", s.pool, 0, s.levels)]
         TeacherSamples(self.out / "teacher_samples.jsonl", model, tok, s.max_new_tokens).get(prompts, s.eval_batch)
 
+    def _probe_folder(self, layers: int) -> Path:
+        return self.out / "probe" / f"layers-{layers}"
+
     def _probe_config(self, layers: int) -> DistillConfig:
         s = self.scale
         return self._config(
             method="sft", student=f"first-{layers}:{self.teacher_model}",
-            out=str(self.out / "probe" / f"layers-{layers}"), steps=s.warmup_steps, batch_size=s.warmup_batch,
+            out=str(self._probe_folder(layers)), steps=s.warmup_steps, batch_size=s.warmup_batch,
             lr=s.warmup_lr, seed=PROBE_SEED, eval_split="val", eval_size=s.val_size,
             eval_every=s.warmup_eval_every or max(1, s.warmup_steps // 2), checkpoint_every=s.warmup_steps,
             stop_at_accuracy=s.min_start or None,
         )
 
     def _evaluate_start(self, layers: int) -> None:
-        warm = self.out / "probe" / f"layers-{layers}" / "checkpoint"
+        warm = self._probe_folder(layers) / "checkpoint"
         start = self._evaluate(*self._load_rollout_copy(warm), "test", self.scale.eval_size)
         atomic_write_json(self.out / "start_eval.json", dict(start, layers=layers, weights=weights_digest(warm),
                                                              cpu=cpu_description()[0]))
@@ -312,7 +314,7 @@ class Experiment:
         s = self.scale
         if path.exists():
             chosen = json.loads(path.read_text())["chosen_layers"]
-            if not weights_gone(self.out / "probe" / f"layers-{chosen}") and self.warm_start.exists():
+            if not weights_gone(self._probe_folder(chosen)) and self.warm_start.exists():
                 return
             # The warm start is gone with its machine: the chosen candidate's warm-up is made again alone.
             self._train(self._probe_config(chosen), prune=False, need_weights=True)
@@ -333,12 +335,11 @@ class Experiment:
             "candidates": {str(n): {"val_accuracy_during_warmup": c} for n, c in curves.items()},
             "warmup_steps": s.warmup_steps, "warmup_samples": s.warmup_steps * s.warmup_batch,
             "max_start": s.max_start, "min_start": s.min_start, "chosen_layers": chosen, "rule": rule,
-            # relative: the folder may move
-            "warm_start": str((self.out / "probe" / f"layers-{chosen}" / "checkpoint").relative_to(self.out)),
+            "warm_start": str((self._probe_folder(chosen) / "checkpoint").relative_to(self.out)),  # the folder may move
         })
         for n in curves:  # only the chosen warm start is used again (pruned after probe.json exists)
             if n != chosen and not self.keep_checkpoints:
-                shutil.rmtree(self.out / "probe" / f"layers-{n}" / "checkpoint", ignore_errors=True)
+                shutil.rmtree(self._probe_folder(n) / "checkpoint", ignore_errors=True)
 
     def _load_rollout_copy(self, folder: Path):
         """A model as the trainer evaluates it: its fp32 weights cast to the rollout dtype, on the device."""

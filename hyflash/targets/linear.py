@@ -64,7 +64,7 @@ class FewRowsLinear(torch.nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _in_verify_pass.get() and x.dim() == 3 and x.shape[0] == 1 and 2 <= x.shape[1] <= self._max_rows():
-            out = (self.weight @ x[0].t()).t().contiguous().unsqueeze(0)
+            out = _kernel(x, self.weight).unsqueeze(0)
             return out if self.bias is None else out + self.bias
         return F.linear(x, self.weight, self.bias)
 
@@ -75,7 +75,8 @@ class FewRowsLinear(torch.nn.Linear):
         return config.head_rows if self.out_features >= config.head_ratio * self.in_features else config.layer_rows
 
 
-def _kernel(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def _kernel(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [1, rows, in] times W^T, computed as W @ x^T: [rows, out], no bias, contiguous (see the module doc)."""
     return (weight @ x[0].t()).t().contiguous()
 
 
@@ -91,7 +92,7 @@ def measure_rows(weights: list[torch.Tensor], repeats: int = 5, clock=time.perf_
             for fn in best:
                 start = clock()
                 for w in weights:
-                    fn(x, w) if fn is F.linear else fn(w, x)
+                    fn(x, w)
                 best[fn] = min(best[fn], clock() - start)
         if best[_kernel] >= best[F.linear]:
             return rows - 1
@@ -135,19 +136,18 @@ def verify_passes():
         _in_verify_pass.reset(token)
 
 
-def use_for(model, measure: bool = True) -> bool:
+def use_for(model) -> bool:
     """Swap a float32 CPU model's nn.Linear layers to FewRowsLinear (exactly nn.Linear, not subclasses such as
-    quantised ones), with the row limits measured here per layer shape (`measured_rows`; measure=False: the
-    reference limits); other models keep theirs. True if swapped."""
+    quantised ones), with the row limits measured here per layer shape (`measured_rows`); other models keep
+    theirs. True if swapped."""
     weight = model.get_input_embeddings().weight
     if weight.device.type != "cpu" or weight.dtype != torch.float32:
         return False
     for module in model.modules():
         if type(module) is torch.nn.Linear:
             module.__class__ = FewRowsLinear
-    if measure:
-        rows = measured_rows(model)
-        for module in model.modules():
-            if type(module) is FewRowsLinear:
-                module.max_rows = rows[tuple(module.weight.shape)]
+    rows = measured_rows(model)
+    for module in model.modules():
+        if type(module) is FewRowsLinear:
+            module.max_rows = rows[tuple(module.weight.shape)]
     return True

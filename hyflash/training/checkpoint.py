@@ -14,7 +14,6 @@ settings that shape the trajectory) matches the run being resumed; otherwise it 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -27,7 +26,7 @@ import numpy as np
 import torch
 
 from hyflash.errors import HyflashError
-from hyflash.files import replace_folder
+from hyflash.files import file_sha256, replace_folder
 from hyflash.optimizer_state import load_optimizer, optimizer_tensors
 
 _STEP_DIR = re.compile(r"^step-(\d{6,})$")
@@ -38,14 +37,6 @@ FORMAT_VERSION = 1
 class Restored:
     step: int
     meta: dict
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def rng_snapshot() -> tuple[dict, torch.Tensor]:
@@ -98,7 +89,8 @@ def save_checkpoint(
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "rng": rng_meta,
         "extra": extra or {},
-        "sha256": {name: _sha256(tmp / name) for name in ("model.safetensors", "optimizer.safetensors", "rng.safetensors")},
+        "sha256": {name: file_sha256(tmp / name)
+                   for name in ("model.safetensors", "optimizer.safetensors", "rng.safetensors")},
     }
     with open(tmp / "meta.json", "w") as f:
         json.dump(meta, f)
@@ -144,7 +136,7 @@ def load_checkpoint(
     if meta.get("version") != FORMAT_VERSION:
         raise HyflashError(f"checkpoint {path} has format version {meta.get('version')}, expected {FORMAT_VERSION}")
     for name, digest in files.items():
-        if not (path / name).exists() or _sha256(path / name) != digest:
+        if not (path / name).exists() or file_sha256(path / name) != digest:
             raise HyflashError(f"checkpoint {path} is corrupt: {name} is missing or fails its checksum; delete it")
     saved = {**{k: v for k, v in (defaults or {}).items() if k in fingerprint}, **meta["fingerprint"]}
     if saved != fingerprint:
