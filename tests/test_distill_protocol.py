@@ -195,6 +195,30 @@ def test_a_method_added_to_an_experiment_is_tuned_and_run_into_its_folder(tmp_pa
         experiment._check_scale()
 
 
+def test_a_folder_written_in_bf16_goes_on_where_auto_picks_float32(tmp_path, monkeypatch):
+    """cpu-long's folder was begun on CPUs with native bf16; its scale now says "auto", so on an AVX2 machine
+    (bf16 emulated, several times slower) it continues in float32, and each run's lineage says which."""
+    from experiments.reopold.protocol import Experiment, extends
+    from hyflash import machine
+
+    monkeypatch.setattr(machine, "bf16_matmul_pays", lambda device: False)
+    scale = dataclasses.replace(get_scale("tiny"), rollout_dtype="auto", teacher_dtype="auto")
+    new = json.loads(json.dumps(scale.as_dict()))
+    old = dict(new, rollout_dtype="bfloat16", teacher_dtype="bfloat16")
+    assert extends(old, new) and not extends(new, old)  # a dtype is made "auto", never fixed again
+    assert not extends(dict(old, steps=99), new)  # with another change it is still another experiment
+    (tmp_path / "scale.json").write_text(json.dumps(old))
+    experiment = Experiment(tmp_path, scale, progress=False)
+    experiment._check_scale()
+    assert json.loads((tmp_path / "scale.json").read_text()) == new
+    for name in ("teacher_eval.json", "start_eval.json"):
+        (tmp_path / name).write_text(json.dumps({"weights": "abc", "accuracy": 0.5}))
+    experiment._write_lineage(tmp_path / "runs" / "opd-seed0")
+    lineage = json.loads((tmp_path / "runs" / "opd-seed0" / "lineage.json").read_text())
+    assert lineage["dtypes"] == {"rollout_dtype": "float32", "teacher_dtype": "float32"}
+    assert experiment._config(method="opd").rollout_dtype == "auto"
+
+
 def test_extensions_run_at_tiny_scale(tmp_path):
     """Cross-vocabulary (a student over character pairs, the teacher over characters) and self-distillation
     (the teacher is the warm start's own later checkpoint) each run once from the experiment's own stages;
@@ -513,6 +537,13 @@ def test_teacher_dtype_auto_scores_in_bf16_only_where_bf16_products_pay(tmp_path
     assert teacher_dtype(teacher_dtype="bfloat16") == torch.bfloat16
     with pytest.raises(HyflashError, match="teacher-dtype"):
         trainer_module.DistillConfig(teacher_dtype="half")
+
+    # The rollout copy follows the same rule under "auto"; a float32 copy is the student itself (on-policy).
+    config = trainer_module.DistillConfig(method="opd", teacher=str(base), student=str(base), steps=1, batch_size=1,
+                                          max_new_tokens=2, out=str(tmp_path / "rollout"), rollout_dtype="auto")
+    trainer = trainer_module.Trainer(config)
+    assert next(trainer.fast.parameters()).dtype == (torch.bfloat16 if pays else torch.float32)
+    assert (trainer.fast is trainer.student) == (not pays) and trainer._off_policy == pays
 
 
 def test_bf16_pays_on_an_accelerator_and_auto_resolves_only_auto():

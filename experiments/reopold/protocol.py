@@ -48,10 +48,13 @@ from hyflash.distill.student import load_model, save_tiny_model
 from hyflash.distill.trainer import DistillConfig, TeacherSamples, Trainer, evaluate, resolve_device
 from hyflash.errors import HyflashError
 from hyflash.files import atomic_write_json, file_sha256, read_jsonl
-from hyflash.machine import cpu_description
+from hyflash.machine import auto_dtype, cpu_description
 from hyflash.targets import DTYPES
 
 TEACHER_SEED, PROBE_SEED = 3000, 2000  # seeds of the teacher's fine-tune and the warm-ups (not run seeds)
+# How the numbers are computed, not what is computed: "auto" (bf16 where it pays, else float32) continues a
+# folder written with either dtype, and each run's lineage.json records the dtype it ran in.
+MACHINE_DTYPE_FIELDS = ("rollout_dtype", "teacher_dtype")
 
 
 def _weight_files(checkpoint: Path) -> list[Path]:
@@ -121,8 +124,10 @@ def tiny_model(folder: Path, **kwargs) -> str:
 
 def extends(have: dict, want: dict) -> bool:
     """Whether scale `want` is scale `have` with methods added (and the settings that came with them, which a
-    folder written before they existed lacks): then the folder's finished stages stay valid for the old
-    methods and the new ones are run into it. Any other difference is another experiment."""
+    folder written before they existed lacks), or with a dtype made "auto" (MACHINE_DTYPE_FIELDS): then the
+    folder's finished stages stay valid for the old methods and the new ones are run into it. Any other
+    difference is another experiment."""
+    have = {k: want[k] if k in MACHINE_DTYPE_FIELDS and want.get(k) == "auto" else v for k, v in have.items()}
     new_fields = set(want) - set(have)
     same = {k: v for k, v in want.items() if k not in new_fields and k != "methods"}
     old_methods = have.get("methods", [])
@@ -179,6 +184,10 @@ class Experiment:
     def base_model(self) -> str:
         return self.scale.base if self.scale.base != "tiny" else tiny_model(self.out / "tiny-base")
 
+    def _dtype(self, field: str) -> str:
+        """A MACHINE_DTYPE_FIELDS setting made concrete on this machine."""
+        return auto_dtype(getattr(self.scale, field), resolve_device(self.scale.device))
+
     def _config(self, **kw) -> DistillConfig:
         s = self.scale
         base = dict(teacher=str(self.teacher_model), task="chain", levels=s.levels, max_new_tokens=s.max_new_tokens,
@@ -191,7 +200,7 @@ class Experiment:
     def teacher(self):
         """The fine-tuned teacher, loaded once (in its scoring dtype, on the device)."""
         if self._teacher is None:
-            model, tok = load_model(str(self.teacher_model), self.scale.teacher_dtype)
+            model, tok = load_model(str(self.teacher_model), self._dtype("teacher_dtype"))
             self._teacher = model.to(resolve_device(self.scale.device)).eval(), tok
         return self._teacher
 
@@ -210,7 +219,7 @@ class Experiment:
             teacher, tok = None, None
             if config.sft_source != "ground-truth" and config.method != "grpo":
                 teacher, tok = self.teacher() if config.teacher == str(self.teacher_model) else load_model(
-                    config.teacher, self.scale.teacher_dtype)
+                    config.teacher, self._dtype("teacher_dtype"))
             trainer = Trainer(config, teacher=teacher, teacher_tokenizer=tok, resume=True)
             trainer.run(progress=self.progress)
             del trainer
@@ -344,7 +353,7 @@ class Experiment:
     def _load_rollout_copy(self, folder: Path):
         """A model as the trainer evaluates it: its fp32 weights cast to the rollout dtype, on the device."""
         model, tok = load_model(str(folder), "float32")
-        return model.to(resolve_device(self.scale.device), DTYPES[self.scale.rollout_dtype]).eval(), tok
+        return model.to(resolve_device(self.scale.device), DTYPES[self._dtype("rollout_dtype")]).eval(), tok
 
     @property
     def warm_start(self) -> Path:
@@ -394,7 +403,7 @@ class Experiment:
         atomic_write_json(folder / "lineage.json", {
             "teacher": {"weights": teacher.get("weights"), "accuracy": teacher["accuracy"]},
             "warm_start": {"weights": start.get("weights"), "accuracy": start["accuracy"]},
-            "cpu": cpu_description()[0]})
+            "cpu": cpu_description()[0], "dtypes": {f: self._dtype(f) for f in MACHINE_DTYPE_FIELDS}})
 
     def comparison_runs(self) -> None:
         s = self.scale

@@ -32,7 +32,10 @@ class Scale:
     eval_size: int = 512  # test problems: every curve, the teacher's and the start's accuracy
     val_size: int = 256  # validation problems: the teacher's early stop, the probe, the learning-rate grid
     eval_batch: int = 64
-    rollout_dtype: str = "float32"  # the student copy that samples and evaluates (bf16 is faster on CPU)
+    # The student copy that samples and evaluates, and the teacher's scoring: auto = bf16 where its products
+    # beat float32's (AMX, AVX-512 BF16; ~3x faster there), float32 on AVX2 CPUs (where bf16 is emulated and
+    # several times slower). Each run's lineage.json records what it ran in.
+    rollout_dtype: str = "float32"
     teacher_dtype: str = "bfloat16"
     # 1. the teacher: SmolLM2 fine-tuned on the task's worked solutions until it solves teacher_stop of val
     teacher_pool: int = 20000
@@ -115,7 +118,8 @@ _CPU = Scale(
     # step 600 and then solved 0.799 of the test split, just under the 0.8 bar; continued at a constant
     # 2e-4 its validation accuracy swung 0.67-0.88 (steps 700-900), hence the linear decay.
     name="cpu", base="smollm2-135m", device="cpu", threads=2, eval_size=512, val_size=256, eval_batch=64,
-    rollout_dtype="bfloat16", teacher_steps=1200, teacher_batch=16, teacher_eval_every=100, teacher_stop=0.9,
+    rollout_dtype="auto", teacher_dtype="auto", teacher_steps=1200, teacher_batch=16, teacher_eval_every=100,
+    teacher_stop=0.9,
     teacher_lr_decay="linear",
     # min_start 0.08: the first cpu run's students (6/10/14 layers) all sat at 0.00-0.02 of validation after
     # 40 warm-up steps, and REOPOLD's grid run then stayed at 0.01-0.02 over 1,024 samples: no headroom.

@@ -40,8 +40,9 @@ def add_cli(sub) -> None:
     p.add_argument("--teacher-dtype", default="auto", choices=["auto", "bfloat16", "float32"],
                    help="dtype the teacher scores in; auto (default): bfloat16 where its matrix products beat "
                    "float32's on this machine (native bf16: AMX, GPUs), else float32")
-    p.add_argument("--rollout-dtype", default="float32", choices=["bfloat16", "float32"],
-                   help="dtype of the student copy used for sampling and evaluation (training is fp32)")
+    p.add_argument("--rollout-dtype", default="float32", choices=["auto", "bfloat16", "float32"],
+                   help="dtype of the student copy used for sampling and evaluation (training is fp32); auto: "
+                   "as --teacher-dtype decides")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     g = p.add_argument_group("REOPOLD")

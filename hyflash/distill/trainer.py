@@ -83,8 +83,9 @@ class DistillConfig:
     # Scoring only. auto: bf16 where its matrix products beat float32's (about 2x faster with AMX; emulated, and
     # several times slower, on AVX2 CPUs), measured once per process by machine.bf16_matmul_pays.
     teacher_dtype: str = "auto"
-    # Rollouts and evaluation run on a copy of the student in this dtype (bf16 decodes ~3x faster here);
-    # training stays fp32. The importance ratio of REOPOLD corrects the small sampling mismatch.
+    # Rollouts and evaluation run on a copy of the student in this dtype (bf16 decodes ~3x faster with AMX or
+    # AVX-512 BF16, several times slower on AVX2; auto: as teacher_dtype decides); training stays fp32. The
+    # importance ratio of REOPOLD corrects the small sampling mismatch.
     rollout_dtype: str = "float32"
     train_embeddings: bool = False
     # REOPOLD
@@ -114,7 +115,8 @@ class DistillConfig:
                 raise HyflashError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         self.levels = tuple(self.levels)
         choices = (("lr_decay", ("constant", "linear")), ("teacher_dtype", ("auto", *DTYPES)),
-                   ("rollout_dtype", DTYPES), ("task", tasks.TASKS), ("sft_source", SFT_SOURCES), ("device", DEVICES),
+                   ("rollout_dtype", ("auto", *DTYPES)),
+                   ("task", tasks.TASKS), ("sft_source", SFT_SOURCES), ("device", DEVICES),
                    ("loss_normalization", losses.NORMALIZATIONS))
         for name, allowed in choices:
             if getattr(self, name) not in allowed:
@@ -232,6 +234,7 @@ class Trainer:
         self.config = c = config
         self.out = Path(c.out)
         self.device = resolve_device(c.device)
+        self.rollout_dtype = auto_dtype(c.rollout_dtype, self.device)
         # OPD is REOPOLD with every relaxation off (CreditConfig's defaults): one loss code path, so the two
         # share the normalisation and the importance ratio and differ only in the credit rule.
         self.credit_config = c.credit() if c.method == "reopold" else CreditConfig() if c.method == "opd" else None
@@ -285,13 +288,13 @@ class Trainer:
     def _off_policy(self) -> bool:
         """Whether the policy that drew the tokens can differ from the one being trained (then rho != 1)."""
         c = self.config
-        return c.updates_per_rollout > 1 or c.temperature != 1 or c.rollout_dtype != "float32"
+        return c.updates_per_rollout > 1 or c.temperature != 1 or self.rollout_dtype != "float32"
 
     # ----- the decoding copy -------------------------------------------------------------------------------
     def _make_fast_copy(self):
-        if self.config.rollout_dtype == "float32":
+        if self.rollout_dtype == "float32":
             return self.student
-        return copy.deepcopy(self.student).to(DTYPES[self.config.rollout_dtype]).eval()
+        return copy.deepcopy(self.student).to(DTYPES[self.rollout_dtype]).eval()
 
     @torch.no_grad()
     def _sync_fast_copy(self) -> None:
