@@ -36,22 +36,49 @@ def test_ctx_sets_share_cut_points_and_differ_only_in_context(smollm2_fp32):
     assert not set(CUT_CONTEXT_TOKENS) & set(DEFAULT_SETS)  # a plain `hyflash bench` does not run them
 
 
+def _cpu_script(work: Path, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(ROOT / "experiments/kinds/nocopy_cpu.sh"), str(work)],
+                          env={**os.environ, "PYTHON": sys.executable, "DRY_RUN": "1", **env}, capture_output=True,
+                          text=True, timeout=60)
+
+
 def test_cpu_script_trains_without_the_copy_input_and_benches_by_replay(tmp_path):
     """experiments/kinds/nocopy_cpu.sh (the multi-session CPU path): the commands of its four stages."""
-    done = subprocess.run(["bash", str(ROOT / "experiments/kinds/nocopy_cpu.sh"), str(tmp_path / "o")],
-                          env={**os.environ, "PYTHON": sys.executable, "DRY_RUN": "1"}, capture_output=True, text=True,
-                          timeout=60)
+    done = _cpu_script(tmp_path / "o", RESULTS=str(tmp_path / "results"))
     assert done.returncode == 0, done.stderr
     commands = [line for line in done.stdout.splitlines() if line.startswith("+ ")]
-    data, train, bench, summary = commands
+    data, *train, bench, summary = commands
     assert "--kinds long" in data and "--num-prompts 192" in data and "--dtype float32" in data
-    assert "SCALE=cpu" in train and "COPY_NGRAM=0" in train and "long-v1" in train and "data-long" in train
+    assert "--out data/smollm2-135m/long-v2" in data  # token ids in the checkout: they outlive the machine
+    assert len(train) == 12 and all("SCALE=cpu" in t and "COPY_NGRAM=0" in t and "AUTOCAST=off" in t for t in train)
+    assert "long-v1" in train[0] and "long-v2" in train[0] and "RUNS=hyflash-d1-s0" in train[0]
     assert "--replay" in bench and "--no-adaptive" in bench and "--temperatures 0" in bench
     assert bench.count("--drafter ") == 12 and "ctx-1k,ctx-2k,ctx-4k,ctx-6k,ctx-8k --n 12" in bench
+    assert f"--out {tmp_path / 'results'}/bench-" in bench
     assert "summarize_nocopy.py" in summary
-    bad = subprocess.run(["bash", str(ROOT / "experiments/kinds/nocopy_cpu.sh"), str(tmp_path / "o")],
-                         env={**os.environ, "DRY_RUN": "1", "BENCH_N": "some"}, capture_output=True, text=True)
-    assert bad.returncode == 2 and "BENCH_N must be" in bad.stderr
+    for bad_env, message in (({"BENCH_N": "some"}, "BENCH_N must be"), ({"UNTIL": "9pm"}, "UNTIL must be HH:MM")):
+        bad = _cpu_script(tmp_path / "o", **bad_env)
+        assert bad.returncode == 2 and message in bad.stderr
+
+
+def test_cpu_script_on_a_new_machine_trains_only_runs_no_complete_bench_holds(tmp_path):
+    """The weights die with the machine; a run whose replay is in a complete committed bench is never trained
+    again, and one in a bench left unfinished (no .complete) is, since its bench cannot go on without weights."""
+    results = tmp_path / "results"
+    for folder, names, complete in (("bench-20261206-0900", ["plain", "hyflash-d1-s0", "full-d1-s0"], True),
+                                    ("bench-20261207-0900", ["plain", "hyflash-d1-s1"], False)):
+        (results / folder).mkdir(parents=True)
+        (results / folder / "results.json").write_text(json.dumps({"meta": {}, "runs": [{"method": m} for m in names]}))
+        if complete:
+            (results / folder / ".complete").touch()
+    done = _cpu_script(tmp_path / "o", RESULTS=str(results))
+    assert done.returncode == 0, done.stderr
+    commands = [line for line in done.stdout.splitlines() if line.startswith("+ ")]
+    trained = [c.split("RUNS=")[1].split()[0] for c in commands if "grid.sh" in c]
+    assert trained[:2] == ["hyflash-d1-s1", "full-d1-s1"] and len(trained) == 10
+    assert "hyflash-d1-s0: in a committed bench, skipped" in done.stdout
+    bench = next(c for c in commands if "hyflash.cli bench" in c)
+    assert bench.count("--drafter ") == 10 and "hyflash-d1-s0=" not in bench
 
 
 def test_dry_run_shows_every_stage_without_the_copy_input(tmp_path):

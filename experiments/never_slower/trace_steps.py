@@ -27,11 +27,11 @@ def traced_policy(curve, keep_drafter: bool = False) -> tuple[SpeculationPolicy,
     policy, trace = SpeculationPolicy(curve, PolicyConfig.for_run(keep_drafter=keep_drafter)), []
     observe = policy.observe
 
-    def recording(plan, n_accepted, context=0, times=None):
+    def recording(plan, n_accepted, context=0, times=None, **rest):
         trace.append((0 if plan is None else len(plan.tokens), n_accepted, round(times.draft, 2),
                       round(times.verify, 2), round(times.ingest, 2), round(times.total, 2),
                       policy.retired_at is not None, policy.guard.idle_left if policy.guard else None))
-        return observe(plan, n_accepted, context, times)
+        return observe(plan, n_accepted, context, times, **rest)
 
     policy.observe = recording
     return policy, trace
