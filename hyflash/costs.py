@@ -116,18 +116,27 @@ class LiveCosts:
         # a pass without them (its drafter retired: the n-gram lookup drafts on, on llama.cpp in the context
         # without the eval callback) c(q) less what features added to c(1) over a plain step.
         self.features = True
-        self.reset()
-
-    def reset(self) -> None:
-        """A new generation: it may run at another context, so corrections start again from the calibration."""
-        self.factor = [Ema(self.alpha) for _ in range(len(_BUCKET_EDGES) + 1)]
-        self.plain_factor = Ema(self.alpha)
-        self.propose = {True: Ema(self.alpha), False: Ema(self.alpha)}  # by whether the expensive drafter ran
-        self.ingest_per_token = Ema(self.alpha)
+        # Whether the expensive drafter is in use (not retired): only then is a step's ingest the drafter's (after
+        # it retires, what is left is the n-gram index's, ~0.1 ms, which would make a later generation think
+        # that feeding the drafter is cheap).
+        self.drafter_in_use = True
+        # The drafter's own times: they do not depend on the context, and the calibration times them warm, where
+        # a generation's steps, right after a pass has flushed the caches, pay about twice as much (llama.cpp on
+        # 2 cores: ingest 0.57 ms calibrated, ~1.0 ms a step). So they are kept across generations (reset() leaves
+        # them), and a generation's start decision and first plans use what the earlier ones measured.
+        self.propose = {True: Ema(alpha), False: Ema(alpha)}  # by whether the expensive drafter ran
+        self.ingest_per_token = Ema(alpha)
         # The ingest of a step that committed one token: what keeping the drafter fed costs an idle (plain) step.
         # Not ingest_per_token: the ingest is mostly a fixed cost a step (transformers fp32: ~1 ms whether the
         # step commits 1 token or 8), so a per-token average swings with the acceptance of the last steps.
-        self.idle_ingest = Ema(self.alpha)
+        self.idle_ingest = Ema(alpha)
+        self.reset()
+
+    def reset(self) -> None:
+        """A new generation: it may run at another context, so the pass corrections start again from the
+        calibration (the drafter's own times carry over: see __init__)."""
+        self.factor = [Ema(self.alpha) for _ in range(len(_BUCKET_EDGES) + 1)]
+        self.plain_factor = Ema(self.alpha)
         self.loop = Ema(self.alpha)  # the step's time outside drafting, the pass and ingest
 
     def _factor(self, q: int) -> float:
@@ -171,9 +180,9 @@ class LiveCosts:
             # (zero readings, here too, are a clock that did not tick: no information)
             if times.draft > 0:
                 self.propose[proposed].add(times.draft)
-            if times.ingest > 0:
+            if times.ingest > 0 and self.drafter_in_use:
                 self.ingest_per_token.add(times.ingest / max(1, tokens))
-        if times.ingest > 0 and tokens == 1:  # plain steps too: the drafter is fed on them while it rests
+        if times.ingest > 0 and tokens == 1 and self.drafter_in_use:  # plain steps too: it is fed while it rests
             self.idle_ingest.add(times.ingest)
         self.loop.add(max(0.0, times.total - times.draft - times.verify - times.ingest))
 

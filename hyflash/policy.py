@@ -237,16 +237,17 @@ class SpeculationPolicy:
 
     def break_even_acceptance(self, context: int, max_draft: int) -> float:
         """The per-slot acceptance above which the expensive drafter's best draft length (up to max_draft)
-        commits tokens faster than plain steps, on the calibrated costs: c(k + 1) with features, its drafting
-        and its ingest per committed token, against a plain step (0.0 without a curve or an adaptive policy;
-        1.0: not even at full acceptance)."""
+        commits tokens faster than plain steps: c(k + 1) with features, as calibrated, and its drafting and its
+        ingest per committed token, as earlier generations measured them (else calibrated), against a plain step
+        (0.0 without a curve or an adaptive policy; 1.0: not even at full acceptance)."""
         curve = self.curve
         if curve is None or not self.config.adaptive:
             return 0.0
         plain_rate = 1.0 / curve.plain(context)
 
         def pays(a: float) -> bool:
-            steps = drafting_steps(curve, a, min(max_draft, curve.max_q - 1), context)
+            steps = drafting_steps(curve, a, min(max_draft, curve.max_q - 1), context, self.live.draft_ms(),
+                                   self.live.ingest_ms())
             return any(gain / ms > plain_rate for _, gain, ms in steps)
 
         if not pays(1.0):
@@ -283,6 +284,11 @@ class SpeculationPolicy:
         """Whether feeding a resting drafter costs enough of a step to retire it (`retire_min_idle_share`)."""
         return self.idle_drafter_share() >= self.config.retire_min_idle_share
 
+    def _sync_live(self) -> None:
+        """Tell the live costs what the next measured step pays for (LiveCosts.features, drafter_in_use)."""
+        self.live.drafter_in_use = self.retired_at is None
+        self.live.features = self.reads_features and self.live.drafter_in_use
+
     def pass_cost(self, q: int, context: int) -> float:
         """c(q) at this context: calibrated, corrected by the passes this generation measured."""
         return self._costs_at(context)(q)
@@ -290,7 +296,7 @@ class SpeculationPolicy:
     def _costs_at(self, context: int):
         """pass_cost at this context as a function of q, each q computed once: a plan reads the same costs a dozen
         times, which was half the Python time of a step that only looks up the n-gram on llama.cpp."""
-        self.live.features = self.reads_features and self.retired_at is None  # (see LiveCosts.features)
+        self._sync_live()
         memo: dict[int, float] = {}
 
         def cost(q: int) -> float:
@@ -507,7 +513,7 @@ class SpeculationPolicy:
                                              shadow_acceptance(d, first_row, self.temperature == 0))
         if times is not None:
             q = 1 + (0 if draft is None else len(draft.tokens))
-            self.live.features = self.reads_features and self.retired_at is None  # (see LiveCosts.features)
+            self._sync_live()
             self.live.record(q, context, times, n_accepted + 1, proposed)
             if self.guard and proposed is not None and times.total > 0 and self.guard.judge(
                     n_accepted + 1, times.total, self._plain_step_ms(context), self.loss_budget_ms()):
@@ -642,11 +648,13 @@ def expected_rate(curve: CostCurve, acceptance: float, block: int, with_drafter:
     return best
 
 
-def drafting_steps(curve: CostCurve, acceptance: float, max_draft: int, context: int):
+def drafting_steps(curve: CostCurve, acceptance: float, max_draft: int, context: int, draft_ms: float | None = None,
+                   ingest_ms: float | None = None):
     """(k, expected committed tokens, ms of the step) for verifying k = 1..max_draft drafts accepted at
     `acceptance` a slot, on the calibrated curve: the k + 1-token pass, one draft, and the ingest of what it
-    commits."""
-    draft_ms, ingest_ms = curve.draft_ms or 0.0, curve.ingest_ms or 0.0
+    commits (draft_ms, ingest_ms: as measured; default: as calibrated)."""
+    draft_ms = (curve.draft_ms or 0.0) if draft_ms is None else draft_ms
+    ingest_ms = (curve.ingest_ms or 0.0) if ingest_ms is None else ingest_ms
     gains = expected_committed([acceptance] * max_draft)
     for k in range(1, max_draft + 1):
         yield k, gains[k], curve.cost(k + 1, context) + draft_ms + ingest_ms * gains[k]

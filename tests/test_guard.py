@@ -321,6 +321,35 @@ def test_a_drafter_that_could_pay_only_at_implausible_acceptance_sits_out_the_ge
     assert drafted and out.policy["expensive_drafter_retired_at_step"] is None
 
 
+def test_the_drafters_measured_times_carry_into_the_next_generations_start_decision():
+    """The calibration times the drafter warm; a generation's steps pay about twice that (llama.cpp on 2 cores:
+    ingest 0.57 ms calibrated, ~1.0 ms a step). The next generation's start decision reads what was measured, so
+    a drafter that looked worth starting on the warm times sits out once its real times are known."""
+    costs = curve([10, 16, 20, 24], plain=9.5, draft_ms=0.5)
+    policy = SpeculationPolicy(costs)
+    policy.start_run(context=0, max_draft=3)
+    assert policy.break_even_acceptance(0, 3) < 0.75 and policy.retired_at is None  # warm times: it starts
+    for _ in range(8):  # the generation measures 3 ms a draft and 1.5 ms of ingest a step
+        policy.live.record(2, 0, StepTimes(draft=3.0, verify=16, ingest=1.5, total=20.5), tokens=1, proposed=True)
+    policy.start_run(context=0, max_draft=3)
+    assert policy.break_even_acceptance(0, 3) > 0.85 and policy.retired_at == 0  # measured times: it sits out
+    assert SpeculationPolicy(costs).break_even_acceptance(0, 3) < 0.75  # a new process starts from the calibration
+
+
+def test_a_retired_drafters_steps_do_not_count_as_its_ingest():
+    """After the drafter retires, a step's ingest is the n-gram index's alone (~0.1 ms): counted as the drafter's,
+    it would make feeding the drafter look cheap, to the guard (which retires it only where that is dear) and,
+    now that the drafter's times carry over, to the next generations."""
+    live = LiveCosts(curve([10, 12], plain=9.5))
+    for _ in range(20):
+        live.record(1, 0, StepTimes(ingest=1.0, verify=10, total=11), tokens=1, proposed=False)
+    live.drafter_in_use = False
+    for _ in range(20):
+        live.record(1, 0, StepTimes(ingest=0.1, verify=10, total=10.1), tokens=1, proposed=None)
+    live.reset()
+    assert live.idle_ingest_ms() == pytest.approx(1.0) and live.ingest_ms() == pytest.approx(1.0)
+
+
 # ----- drafts not verified still calibrate their first slot --------------------------------------------------
 def test_shadow_acceptance_is_what_the_rejection_rule_would_have_done_with_the_first_token():
     logits = torch.tensor([0.1, 2.0, -1.0, 0.5])
