@@ -194,6 +194,11 @@ class BaseTarget(ABC):
         self.check_prompt_length(len(ids))
         return ids
 
+    def encode_rendered(self, text: str) -> list[int]:
+        """Token ids of text a chat template rendered: its special tokens parsed, nothing added (the template
+        writes BOS itself where the model wants one)."""
+        return [int(i) for i in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
+
     def check_prompt_length(self, n: int) -> None:
         if n == 0:
             raise HyflashError("the prompt is empty: pass at least one token")

@@ -337,6 +337,11 @@ class LlamaCppTarget(BaseTarget):
             ids.update(value if isinstance(value, (list, tuple)) else [value])
         return frozenset(int(i) for i in ids)
 
+    def encode_rendered(self, text: str) -> list[int]:
+        if isinstance(self.tokenizer, LlamaCppTokenizer):  # llama.cpp's own: special tokens parsed, none added
+            return self.tokenizer.encode(text, add_special=False, parse_special=True)
+        return super().encode_rendered(text)
+
     # ----- shape facts -----------------------------------------------------------------------------------
     @property
     def dtype(self) -> torch.dtype:

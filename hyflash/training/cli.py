@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hyflash.errors import HyflashError
 from hyflash.flags import add_dataclass_flags, dataclass_from_flags
 
 
@@ -39,13 +40,25 @@ def add_cli(sub) -> None:
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(handler=cmd_data)
 
-    p = sub.add_parser("prompts", help="write the varied prompt source's chat prompts as OpenAI-style JSONL "
-                                       "(e.g. a held-out set phrased unlike the training prompts)")
-    p.add_argument("--out", required=True, help="the .jsonl file to write")
-    p.add_argument("--split", default="heldout", choices=["train", "heldout"])
+    p = sub.add_parser("prompts", help="write chat prompts as OpenAI-style JSONL for `hyflash data --prompts`: the "
+                                       "varied source's (e.g. a held-out set phrased unlike the training prompts), "
+                                       "or with --self-instruct N requests the model writes itself")
+    p.add_argument("--out", required=True, help="the .jsonl file to write (--self-instruct: continued if it exists)")
+    p.add_argument("--split", default=None, choices=["train", "heldout"], help="the varied source's split "
+                   "(default heldout)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num", type=int, default=0, help="at most this many prompts (0 = all of the split)")
-    p.add_argument("--per-file", type=int, default=3, help="prompts per source file")
+    p.add_argument("--per-file", type=int, default=None, help="the varied source's prompts per source file "
+                   "(default 3)")
+    p.add_argument("--self-instruct", type=int, default=0, metavar="N",
+                   help="instead: N user requests sampled from --model itself, given its chat template up to a user "
+                        "turn (the Magpie method), deduplicated; resumable")
+    p.add_argument("--model", default="smollm2-135m", help="--self-instruct: the model that writes the requests")
+    p.add_argument("--backend", default="transformers", choices=["transformers", "llama.cpp"],
+                   help="--self-instruct: the backend it runs on")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                   help="--self-instruct on transformers: the model's dtype (auto: bf16 where it pays here)")
+    p.add_argument("--no-progress", action="store_true")
     p.set_defaults(handler=cmd_prompts)
 
     p = sub.add_parser("train", help="train a drafter on target-written data (resumable; runs under torchrun)")
@@ -80,10 +93,32 @@ def cmd_prompts(args) -> int:
     from hyflash.training.user_prompts import write_prompt_file
     from hyflash.training.varied_prompts import varied_prompts
 
-    prompts = varied_prompts(args.split, seed=args.seed, per_file=args.per_file)
+    if args.self_instruct:
+        return _self_instruct(args)
+    split, per_file = args.split or "heldout", args.per_file or 3
+    prompts = varied_prompts(split, seed=args.seed, per_file=per_file)
     random.Random(args.seed).shuffle(prompts)
     n = write_prompt_file(args.out, prompts[: args.num] if args.num else prompts)
-    print(f"{args.out}: {n} {args.split} chat prompts")
+    print(f"{args.out}: {n} {split} chat prompts")
+    return 0
+
+
+def _self_instruct(args) -> int:
+    import torch
+
+    from hyflash.machine import auto_dtype
+    from hyflash.targets import load_target
+    from hyflash.training.self_instruct import SelfInstructConfig, self_instruct
+
+    for flag, value in (("--split", args.split), ("--per-file", args.per_file), ("--num", args.num or None)):
+        if value is not None:
+            raise HyflashError(f"{flag} is for the varied source; with --self-instruct N, N is the number of prompts "
+                               f"and the model writes them: leave {flag} out")
+    config = SelfInstructConfig(num=args.self_instruct, seed=args.seed)
+    dtype = "auto" if args.backend == "llama.cpp" else auto_dtype(args.dtype, torch.device("cpu"))
+    target = load_target(args.model, dtype=dtype, backend=args.backend)
+    prompts = self_instruct(target, args.out, config, progress=not args.no_progress)
+    print(f"{args.out}: {len(prompts)} requests written by {args.model}")
     return 0
 
 
