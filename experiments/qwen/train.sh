@@ -9,10 +9,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD
-PY=${PY:-/work/main/.venv/bin/python}
+PY=${PY:-/work/main/.venv/bin/python}  # DATA may name several folders (space-separated)
 "$PY" -c 'import sys; from hyflash.cli import main; sys.exit(main())' train \
   --model qwen2.5-coder-1.5b --feature-backend llama.cpp --feature-cache "${FEATURES:-/work/cache/features}" \
-  --data "${DATA:-data/qwen2.5-coder-1.5b/train-varied}" --out "${OUT:-runs/qwen-drafter}" \
+  --data ${DATA:-data/qwen2.5-coder-1.5b/train-varied} --out "${OUT:-runs/qwen-drafter}" \
   --kind hyflash --num-layers 1 --block-size 8 --window 256 --chunk-size 16 --memory-rule gated_delta \
   --hidden-size "${WIDTH:-512}" --draft-vocab-size 2048 --copy-ngram 16 --copy-gate \
   --steps "${STEPS:-1500}" --batch-size 8 --anchors 64 --lr 1e-3 --warmup-steps 50 --gamma 4 --max-length 4096 \

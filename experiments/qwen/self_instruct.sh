@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Issue 37, the drafter's generalisation: data from requests Qwen2.5-Coder-1.5B writes itself (`hyflash prompts
+# --self-instruct`, docs/training.md), answered by the same model on llama.cpp, then the drafter trained again on
+# train-varied plus that data and scored on the hand-written chat-wild prompts it has never seen. Prepared, not
+# run yet. Every stage resumes, and what must outlive the machine is in the checkout (commit it after a session):
+#
+#   /work/shared/bin/heavy bash experiments/qwen/self_instruct.sh        (hours on 2 cores; background it)
+#   DRY_RUN=1 bash experiments/qwen/self_instruct.sh                     the commands, nothing run
+#   git add experiments/qwen/self-instruct-prompts.jsonl data/qwen2.5-coder-1.5b/train-self
+#
+# Stages: prompts (NUM_PROMPTS requests, ~2 s each at 28 tok/s: ~1 h for 1,500), data (the answers, 192 new tokens,
+# features from llama.cpp's eval callback in the same passes: ~2 h), train (experiments/qwen/train.sh on both
+# folders; on a new machine its first epoch records the features again), then the chat-wild acceptance.
+# Environment: NUM_PROMPTS (1500), OUT (runs/qwen-drafter-self), FEATURES, PYTHON, DRY_RUN.
+set -euo pipefail
+die() { echo "self_instruct: error: $*" >&2; exit 2; }
+cd "$(dirname "$0")/../.."
+if [ -n "${PYTHON:-}" ]; then py="$PYTHON"; elif [ -x .venv/bin/python ]; then py=.venv/bin/python; else py=python3; fi
+dry="${DRY_RUN:-0}" num="${NUM_PROMPTS:-1500}" out="${OUT:-runs/qwen-drafter-self}"
+features="${FEATURES:-cache/features}"
+[[ "$num" =~ ^[1-9][0-9]*$ ]] || die "NUM_PROMPTS must be a whole number >= 1, got '$num'"
+prompts=experiments/qwen/self-instruct-prompts.jsonl data=data/qwen2.5-coder-1.5b/train-self
+run() { echo "+ $*"; [ "$dry" = 1 ] || "$@"; }
+
+run "$py" -m hyflash.cli prompts --self-instruct "$num" --model qwen2.5-coder-1.5b --backend llama.cpp \
+  --out "$prompts" --no-progress
+run "$py" -m hyflash.cli data --backend llama.cpp --model qwen2.5-coder-1.5b --prompts "$prompts" \
+  --num-prompts 0 --shard-prompts 64 --out "$data" --feature-cache "$features" --no-progress
+run env PY="$py" FEATURES="$features" DATA="data/qwen2.5-coder-1.5b/train-varied $data" OUT="$out" \
+  bash experiments/qwen/train.sh --resume
+run "$py" -m hyflash.cli bench --backend llama.cpp --model qwen2.5-coder-1.5b --sets chat-wild --n 12 \
+  --max-new-tokens 96 --temperatures 0 --no-adaptive --methods plain,ngram --drafter shipped=hyflash/assets/drafters/qwen2.5-coder-1.5b \
+  --drafter self="$out/drafter" --memory-contexts '' --sweep-kinds '' --out experiments/qwen/acceptance-chat-wild-self
