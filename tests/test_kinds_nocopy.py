@@ -137,3 +137,45 @@ def test_tiny_grid_runs_every_stage_and_reports(tmp_path):
     missing = subprocess.run([sys.executable, str(ROOT / "experiments/kinds/export_checkpoint.py"), str(out / "grid/runs/x")],
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "no checkpoint step is shared" in missing.stderr
+
+
+@pytest.mark.slow  # ~2 min on 2 cores: tiny data, three tiny trainings over two "sessions", two benches, the summary
+def test_cpu_script_goes_on_over_sessions_on_new_machines(tmp_path):
+    """The CPU path for real at tiny size: a session writes the data, trains, benches into a committed folder and
+    summarises; the next, on a "new machine" (the work folder gone), trains only the run no bench holds, benches it
+    into a folder of its own, and the summary pools both."""
+    if os.environ.get("HYFLASH_SKIP_REAL_MODEL"):
+        pytest.skip("HYFLASH_SKIP_REAL_MODEL is set (the tiny model borrows the real model's tokenizer)")
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_kinds_grid import _tiny_model_and_data
+
+    model, _ = _tiny_model_and_data(tmp_path)
+    results, long_data = tmp_path / "results", tmp_path / "long"
+    env = dict(TINY="1", MODEL=str(model), LONG_DATA=str(long_data), RESULTS=str(results), DRY_RUN="0",
+               BENCH_SETS="ctx-1k,ctx-8k", OMP_NUM_THREADS="1")
+
+    def session(runs: str) -> subprocess.CompletedProcess:
+        done = _cpu_script(tmp_path / "work", RUNS=runs, **env)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return done
+
+    session("hyflash-d1-s0 full-d1-s0")
+    assert json.loads((long_data / "manifest.json").read_text())["complete"]
+    [first] = [b for b in results.glob("bench-*") if (b / ".complete").exists()]
+    assert {r["method"] for r in json.loads((first / "results.json").read_text())["runs"]} == {
+        "plain", "hyflash-d1-s0", "full-d1-s0"}
+    assert (results / "runs/full-d1-s0/train_config.json").exists() and (results / "claims.json").exists()
+
+    import shutil
+
+    shutil.rmtree(tmp_path / "work")  # a new machine: weights and features gone, the checkout kept
+    second = session("hyflash-d1-s0 full-d1-s0 hyflash-d1-s1")
+    assert "hyflash-d1-s0: in a committed bench, skipped" in second.stdout
+    assert [p.name for p in (tmp_path / "work/grid/runs").iterdir()] == ["hyflash-d1-s1"]
+    benches = sorted(b for b in results.glob("bench-*") if (b / ".complete").exists())
+    assert len(benches) == 2 and benches[0] == first
+    assert {r["method"] for r in json.loads((benches[1] / "results.json").read_text())["runs"]} == {
+        "plain", "hyflash-d1-s1"}
+    summary = json.loads((results / "summary.json").read_text())
+    assert len(summary["hyflash-d1"]["ctx-1k"]["tau_seeds"]) == 2  # both sessions' seeds pooled
+    assert len(summary["full-d1"]["ctx-1k"]["tau_seeds"]) == 1

@@ -5,6 +5,7 @@
 #
 #   UNTIL=09:20 ../shared/bin/heavy experiments/kinds/nocopy_cpu.sh runs/kinds-nocopy     a session (background it)
 #   DRY_RUN=1 experiments/kinds/nocopy_cpu.sh runs/kinds-nocopy                           the commands, nothing run
+#   TINY=1 MODEL=DIR LONG_DATA=D RESULTS=R experiments/kinds/nocopy_cpu.sh W              every stage in seconds (tests)
 #   git add data/smollm2-135m/long-v2 experiments/kinds/nocopy                            after it: what lasts
 #
 # UNTIL (HH:MM, UTC, today): when the session's CPU ends. No run starts that would not finish, with the bench
@@ -25,7 +26,7 @@
 #            the first run also refills the feature cache (~1.5M tokens of float32 prefill; its first epoch).
 #            Each finished run's configs, curves and wall time are copied to RESULTS/runs/NAME (no weights).
 #   bench    `hyflash bench --replay` of the runs trained here and not benched yet, into a new folder
-#            RESULTS/bench-<UTC date and time> (committed; `.complete` once finished: an unfinished one is resumed
+#            RESULTS/bench-<UTC date and time, to the second> (committed; `.complete` once finished: an unfinished one is resumed
 #            while its drafters' weights exist, and ignored once they are gone, whose runs then train again):
 #            ctx-1k ... ctx-8k, 12 cut points each, 32 new tokens, greedy, float32; one recorded decode per prompt,
 #            every drafter replayed against it (bench/replay.py), and the draft memory sweep at each context.
@@ -35,8 +36,10 @@
 #            noise rule and a paired per-prompt bootstrap, beside the copy grid; draft memory and time per context;
 #            the plot; into RESULTS.
 #
-# Environment: UNTIL, NEW_LONG (192), RUNS (the 12, in this order), BENCH_N (12), BENCH_NEW (32), RUN_MINUTES (40),
-# BENCH_MINUTES (30), LONG_DATA, RESULTS (experiments/kinds/nocopy), PYTHON, DRY_RUN.
+# Environment: UNTIL, NEW_LONG (192), RUNS (the 12, in this order), BENCH_N (12), BENCH_NEW (32), BENCH_SETS
+# (ctx-1k,...,ctx-8k), RUN_MINUTES (40), BENCH_MINUTES (30), LONG_DATA, RESULTS (experiments/kinds/nocopy), PYTHON,
+# DRY_RUN; TINY=1 with MODEL (a tiny model folder), LONG_DATA and RESULTS outside the checkout: a tiny data set,
+# SCALE=tiny trainings and a two-prompt bench, so that a test runs the real path end to end.
 set -euo pipefail
 die() { echo "nocopy_cpu: error: $*" >&2; exit 2; }
 [ $# -eq 1 ] || die "usage: [UNTIL=HH:MM] experiments/kinds/nocopy_cpu.sh WORKDIR"
@@ -44,9 +47,20 @@ mkdir -p -- "$1" || die "cannot create WORKDIR '$1'"
 work="$(cd -- "$1" && pwd)"
 cd "$(dirname "$0")/../.."
 if [ -n "${PYTHON:-}" ]; then py="$PYTHON"; elif [ -x .venv/bin/python ]; then py=.venv/bin/python; else py=python3; fi
-dry="${DRY_RUN:-0}" new_long="${NEW_LONG:-192}" bench_n="${BENCH_N:-12}" bench_new="${BENCH_NEW:-32}"
-run_minutes="${RUN_MINUTES:-40}" bench_minutes="${BENCH_MINUTES:-30}"
+dry="${DRY_RUN:-0}" run_minutes="${RUN_MINUTES:-40}" bench_minutes="${BENCH_MINUTES:-30}"
 long_data="${LONG_DATA:-data/smollm2-135m/long-v2}" results="${RESULTS:-experiments/kinds/nocopy}"
+bench_sets="${BENCH_SETS:-ctx-1k,ctx-2k,ctx-4k,ctx-6k,ctx-8k}"
+if [ "${TINY:-0}" = 1 ]; then
+  [ -n "${MODEL:-}" ] && [ -n "${LONG_DATA:-}" ] && [ -n "${RESULTS:-}" ] || die "TINY=1 needs MODEL, LONG_DATA and RESULTS"
+  model=$MODEL scale=tiny new_long="${NEW_LONG:-4}" bench_n="${BENCH_N:-2}" bench_new="${BENCH_NEW:-4}"
+  data="$long_data" mem_contexts=64,256
+  data_args=(--long-chars 1200 --long-per-module 1 --long-batch-size 2 --long-new-tokens 8 --shard-prompts 2
+             --source-root hyflash)
+else
+  model=smollm2-135m scale=cpu new_long="${NEW_LONG:-192}" bench_n="${BENCH_N:-12}" bench_new="${BENCH_NEW:-32}"
+  data="data/smollm2-135m/long-v1 $long_data data/smollm2-135m/train-v3" mem_contexts=1024,2048,4096,6144,8192
+  data_args=(--long-chars 16000 --long-per-module 4 --long-batch-size 1 --long-new-tokens 192 --shard-prompts 16)
+fi
 for v in new_long bench_n bench_new run_minutes bench_minutes; do
   [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "${v^^} must be a whole number >= 1"
 done
@@ -61,8 +75,7 @@ runs="${RUNS:-hyflash-d1-s0 full-d1-s0 hyflash-d1-s1 full-d1-s1 hyflash-d2-s0 fu
 runs=$(echo $runs)
 run() { echo "+ $*"; [ "$dry" = 1 ] || "$@"; }
 stamp() { echo "== $1 ($(date -u +%H:%M:%S) UTC)"; }
-data="data/smollm2-135m/long-v1 $long_data data/smollm2-135m/train-v3"
-grid_env=(SCALE=cpu COPY_NGRAM=0 AUTOCAST=off FEATURE_CACHE="$work/features" PYTHON="$py" DATA="$data")
+grid_env=(SCALE="$scale" MODEL="$model" COPY_NGRAM=0 AUTOCAST=off FEATURE_CACHE="$work/features" PYTHON="$py" DATA="$data")
 has_drafter() { [ -f "$work/grid/runs/$1/drafter/config.json" ]; }
 # The runs a complete committed bench holds (their weights are no longer needed).
 benched=" $("$py" - "$results" <<'EOF'
@@ -84,9 +97,8 @@ EOF
 }
 if [ "$dry" = 1 ] || ! data_done; then
   stamp "data: $new_long long prompts into $long_data"
-  data_cmd=("$py" -m hyflash.cli data --out "$long_data" --model smollm2-135m --seed 2 --kinds long --long-every 0
-            --num-prompts "$new_long" --long-chars 16000 --long-per-module 4 --long-batch-size 1 --long-new-tokens 192
-            --shard-prompts 16 --sampled-fraction 0 --dtype float32 --feature-dtype bfloat16
+  data_cmd=("$py" -m hyflash.cli data --out "$long_data" --model "$model" --seed 2 --kinds long --long-every 0
+            --num-prompts "$new_long" "${data_args[@]}" --sampled-fraction 0 --dtype float32 --feature-dtype bfloat16
             --feature-cache "$work/features" --no-progress)
   if [ "$dry" = 1 ] || [ -z "$until_s" ]; then
     run "${data_cmd[@]}"
@@ -124,14 +136,14 @@ done
 if [ ${#trained[@]} -gt 0 ]; then
   folder=""
   [ -f "$work/bench-folder" ] && [ ! -f "$(cat "$work/bench-folder")/.complete" ] && folder=$(cat "$work/bench-folder")
-  folder="${folder:-$results/bench-$(date -u +%Y%m%d-%H%M)}"
+  folder="${folder:-$results/bench-$(date -u +%Y%m%d-%H%M%S)}"
   [ "$dry" = 1 ] || echo "$folder" > "$work/bench-folder"
   drafters=()
   for r in "${trained[@]}"; do drafters+=(--drafter "$r=$work/grid/runs/$r/drafter"); done
   stamp "bench (replay): ${#trained[@]} drafters into $folder"
-  run "$py" -m hyflash.cli bench --model smollm2-135m --dtype float32 --no-adaptive --replay --temperatures 0 \
-    --sets ctx-1k,ctx-2k,ctx-4k,ctx-6k,ctx-8k --n "$bench_n" --max-new-tokens "$bench_new" --methods plain \
-    "${drafters[@]}" --memory-contexts 1024,2048,4096,6144,8192 --sweep-kinds '' --seed 0 --threads 2 \
+  run "$py" -m hyflash.cli bench --model "$model" --dtype float32 --no-adaptive --replay --temperatures 0 \
+    --sets "$bench_sets" --n "$bench_n" --max-new-tokens "$bench_new" --methods plain \
+    "${drafters[@]}" --memory-contexts "$mem_contexts" --sweep-kinds '' --seed 0 --threads 2 \
     --out "$folder" --resume
   [ "$dry" = 1 ] || touch "$folder/.complete"
 fi
