@@ -100,8 +100,12 @@ class LlamaCppTokenizer:
                                         bos_token=self.piece(self.bos_token_id),
                                         add_generation_prompt=add_generation_prompt)
         text = formatter(messages=messages).prompt
-        # The template writes BOS itself when the model wants one: add nothing, parse its special tokens.
-        return self.encode(text, add_special=False, parse_special=True) if tokenize else text
+        return self.encode_rendered(text) if tokenize else text
+
+    def encode_rendered(self, text: str) -> list[int]:
+        """Text the chat template rendered: it writes BOS itself when the model wants one, so add nothing, and
+        parse its special tokens."""
+        return self.encode(text, add_special=False, parse_special=True)
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         arr = (llama_cpp.llama_token * max(1, len(ids)))(*ids)
@@ -338,8 +342,8 @@ class LlamaCppTarget(BaseTarget):
         return frozenset(int(i) for i in ids)
 
     def encode_rendered(self, text: str) -> list[int]:
-        if isinstance(self.tokenizer, LlamaCppTokenizer):  # llama.cpp's own: special tokens parsed, none added
-            return self.tokenizer.encode(text, add_special=False, parse_special=True)
+        if isinstance(self.tokenizer, LlamaCppTokenizer):  # llama.cpp's own tokenizer (a bare .gguf)
+            return self.tokenizer.encode_rendered(text)
         return super().encode_rendered(text)
 
     # ----- shape facts -----------------------------------------------------------------------------------
