@@ -137,6 +137,9 @@ class LiveCosts:
         calibration (the drafter's own times carry over: see __init__)."""
         self.factor = [Ema(self.alpha) for _ in range(len(_BUCKET_EDGES) + 1)]
         self.plain_factor = Ema(self.alpha)
+        # One-token passes with features, measured / calibrated: a bound on plain steps (plain_ms), which are
+        # the same pass without the features' work.
+        self.feature_one = Ema(self.alpha)
         self.loop = Ema(self.alpha)  # the step's time outside drafting, the pass and ingest
 
     def _factor(self, q: int) -> float:
@@ -164,7 +167,26 @@ class LiveCosts:
         that made the generation 20% slower."""
         if self.curve is None:
             return 1.0
-        return self.curve.plain(context) * (self.plain_factor.value or 1.0)
+        return self.curve.plain(context) * self.plain_scale(context)
+
+    def plain_scale(self, context: int) -> float:
+        """plain_ms over the calibrated plain step: the plain passes' correction, where none was measured yet
+        bounded by the one-token passes with features measured (a plain step is such a pass without the
+        features' work). The bound matters where the calibration is far off and every step so far was
+        speculative: at 6k tokens on llama.cpp (Zen 3), beyond the curve's 4k, the extrapolated plain step read
+        69 ms against 37 measured, and the guard banked a second of "gains" from steps that each lost."""
+        if self.curve is None:
+            return 1.0
+        if self.plain_factor.value is not None:
+            return self.plain_factor.value
+        if self.feature_one.value is None:
+            return 1.0
+        bound = self.curve.cost(1, context) * self.feature_one.value
+        return min(1.0, bound / max(self.curve.plain(context), 1e-9))
+
+    def one_token_measured(self) -> bool:
+        """Whether this generation has timed a one-token pass (a plain step, or one with features)."""
+        return self.plain_factor.value is not None or self.feature_one.value is not None
 
     def record(self, q: int, context: int, times: StepTimes, tokens: int, proposed: bool | None) -> None:
         """One step: a q-token pass at `context` committing `tokens`; proposed: None (the drafter did not run:
@@ -175,6 +197,8 @@ class LiveCosts:
             # A plain step, or a one-token pass without features (the n-gram lookup found nothing worth
             # verifying): what plain decoding's pass costs here.
             self.plain_factor.add(times.verify / self.curve.plain(context))
+        elif q == 1:
+            self.feature_one.add(times.verify / self.curve.cost(1, context))
         if proposed is not None:
             self.factor[_bucket(q)].add(times.verify / self._calibrated(q, context))
             # (zero readings, here too, are a clock that did not tick: no information)

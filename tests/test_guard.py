@@ -50,6 +50,27 @@ def test_plain_steps_are_never_read_off_one_token_passes_that_record_features():
     assert live.plain_ms(0) == pytest.approx(11.0)
 
 
+def test_a_plain_step_is_never_priced_above_a_measured_one_token_pass_with_features():
+    """A calibration far off at this context (taken while the machine was busy, or extrapolated beyond its last
+    context) prices a plain step at 40 ms. Before any plain step is timed, the one-token passes with features
+    measured at 12 ms bound it (a plain step is that pass without the features' work); a plain step timed
+    later replaces the bound, and a new generation starts from the calibration again."""
+    live = LiveCosts(curve([38, 44], plain=40))
+    assert live.plain_ms(0) == 40 and not live.one_token_measured()
+    for _ in range(20):
+        live.record(1, 0, StepTimes(draft=0.5, verify=12.0, total=12.5), tokens=1, proposed=False)
+    assert live.one_token_measured() and live.plain_ms(0) == pytest.approx(12.0)
+    live.features = False
+    for _ in range(20):
+        live.record(1, 0, StepTimes(draft=0.2, verify=9.0, total=9.2), tokens=1, proposed=False)
+    assert live.plain_ms(0) == pytest.approx(9.0)
+    live.reset()
+    assert live.plain_ms(0) == 40 and not live.one_token_measured()
+    dear = LiveCosts(curve([38, 44], plain=40))  # passes that measure dearer than calibrated bound nothing
+    dear.record(1, 0, StepTimes(verify=60.0, total=60.0), tokens=1, proposed=False)
+    assert dear.plain_ms(0) == 40
+
+
 def test_the_drafters_own_time_is_measured_per_source_and_a_clock_that_did_not_tick_measures_nothing():
     live = LiveCosts(curve([10, 12], plain=10, draft_ms=0.5))
     assert live.draft_ms() == 0.5  # calibrated until measured
@@ -103,6 +124,11 @@ def test_a_step_that_overdraws_the_loss_budget_pauses_or_falls_back_at_once_by_w
     assert dear.judge(1, 18.0, plain_ms, budget_ms=10.0) and not dear.paused  # 16 > 10, window 14.8 > 10:
     assert dear.stats()["fallbacks"] == 1 and dear.idle_left == Guard.FIRST_GAP  # a fall-back at the 2nd step
 
+    repriced = Guard(PolicyConfig(guard_after=6))
+    assert not repriced.judge(2, 30.0, 40.0) and repriced.lost_ms == pytest.approx(-50.0)  # a "gain" at 40 ms...
+    repriced.reprice(0.25)  # ...until a plain step is timed at 10 ms: it lost 10
+    assert repriced.lost_ms == pytest.approx(10.0) and not repriced.drafting(budget_ms=5.0)
+
 
 @pytest.mark.parametrize("ingest_ms, retires", [(0.5, True), (0.1, False)])
 def test_a_budget_pause_retires_the_drafter_only_where_feeding_it_idle_is_dear(ingest_ms, retires):
@@ -134,9 +160,9 @@ def test_no_step_may_verify_more_drafts_than_the_loss_budget_left_could_pay_for_
     policy.start_run(reads_features=False)
     assert policy.loss_budget_ms() == pytest.approx(12.8)
     assert len(policy.plan([sure], 0).tokens) == 3
-    policy.guard.lost_ms = 10.0  # 2.8 ms left: not even one draft (c(2) - c(1) = 6)
+    policy.guard.spent_ms = 10.0  # lost 10: 2.8 ms left: not even one draft (c(2) - c(1) = 6)
     assert policy.plan([sure], 0) is None
-    policy.guard.lost_ms = -30.0  # speculation has gained 3 plain steps so far
+    policy.guard.plain_equivalent_ms = 30.0  # speculation has gained 3 plain steps so far
     assert len(policy.plan([sure], 0).tokens) == 7
     unguarded = SpeculationPolicy(costs, PolicyConfig(guard=False))
     unguarded.start_run(reads_features=False)
@@ -186,6 +212,35 @@ def test_the_loss_budget_bounds_what_drafts_that_never_pay_cost_whatever_the_pla
     bound = default.loss_budget * (n + default.loss_budget_start_tokens) / n
     assert budgeted <= bound + 1e-9
     assert unbounded > 0.05 > budgeted
+
+
+def test_beyond_the_calibrated_contexts_a_plain_step_is_timed_and_the_guard_reprices_what_it_credited(
+        llama_target, monkeypatch):
+    """The calibration ends below the prompt's context and puts a plain step at 4 times its cost (40 ms against
+    10; llama.cpp at 6k tokens on a Zen 3: 69 against 37), and drafts the planner wrongly believes (0.9 a slot)
+    are never accepted. Priced at 40 ms, each 16-22 ms step that commits one token looks like a gain: the guard
+    credits it and the generation runs far slower than plain. The policy times a one-token pass at its second
+    step (nothing else ever does here), reprices the credit, and the loss budget holds again."""
+    truth = curve([10, 16, 19, 22], plain=10)
+    stale = curve([40, 44, 50, 56], plain=40, contexts=(8,))  # calibrated up to 8 tokens; the prompt has 16
+    clock = CurveClock(monkeypatch, llama_target, truth)
+    monkeypatch.setattr(AcceptanceCalibrator, "estimate", lambda self, source, conf: [0.9] * len(conf.tolist()))
+    n = 200
+    plain, plain_ms = _timed(clock, llama_target, None, None, n=n)
+
+    def slowdown(config: PolicyConfig) -> float:
+        out, ms = _timed(clock, llama_target, CheapWrongDrafter(llama_target.vocab_size),
+                         SpeculationPolicy(stale, config), n=n)
+        assert out.tokens == plain.tokens
+        return ms / plain_ms - 1
+
+    default = PolicyConfig()
+    bound = default.loss_budget * (n + default.loss_budget_start_tokens) / n
+    timed = slowdown(default)
+    assert timed <= bound + 1e-9
+    assert slowdown(PolicyConfig(measure_one_token_step=0)) > 0.3  # never timed: the guard credits every loss
+    monkeypatch.setattr(Guard, "reprice", lambda self, ratio: None)
+    assert slowdown(default) > timed + 0.01  # timed, but the credit given at the wrong price kept: twice the loss
 
 
 class SlowDrafter(RandomDrafter):

@@ -565,3 +565,17 @@ def test_the_drafters_times_are_measured_right_after_a_target_pass_as_the_loop_r
     timed = events[events.index("draft") + 1:]  # after the prompt's ingest and the warm-up draft
     assert timed == ["pass", "draft"] * 4 + ["pass", "ingest"] * 4
     assert drafter.seen == 16 + 4 and llama_target.cache_length == 0  # the drafter saw none of the passes
+
+
+def test_a_calibrated_plain_step_is_never_dearer_than_a_one_token_pass(llama_target, tmp_path, monkeypatch):
+    """A plain step is a one-token pass without features: a timing that puts it above c(1) was disturbed (a
+    Zen 3 read 47.6 ms at 4k tokens against c(1) 41.8, and 26-31 ms when timed again), and the curve would
+    extrapolate beyond its last context along that error. Where plain was timed below c(1), it stands."""
+    import hyflash.calibration as calibration
+
+    monkeypatch.setenv("HYFLASH_CACHE", str(tmp_path))
+    monkeypatch.setattr(calibration, "measure_target",
+                        lambda target, contexts, **k: [[10.0, 14.0], [41.8, 62.3]][: len(contexts)])
+    monkeypatch.setattr(calibration, "measure_plain", lambda target, contexts, **k: [9.0, 47.6][: len(contexts)])
+    curve, _ = calibrate("tiny", "float32", None, contexts=(8, 32), reps=1, target=llama_target)
+    assert curve.plain_ms == [9.0, 41.8]
