@@ -11,6 +11,7 @@ import hashlib
 import os
 import platform
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -57,6 +58,37 @@ def cpu_description() -> tuple[str, str]:
     except OSError:
         pass
     return model or platform.processor() or platform.machine(), hashlib.sha256(flags.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class CpuTimes:
+    """CPU seconds since boot: the machine's in all and busy (/proc/stat, steal counted busy), and this process's."""
+
+    total: float
+    busy: float
+    own: float
+
+
+def cpu_times() -> CpuTimes | None:
+    """The machine's and this process's CPU time now; None where /proc/stat cannot be read (not Linux)."""
+    try:
+        fields = [float(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+    except (OSError, ValueError, IndexError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    user, nice, system, idle, iowait, irq, softirq, steal = fields + [0.0] * (8 - len(fields))
+    own = os.times()
+    return CpuTimes(total=sum(fields) / tick, busy=(user + nice + system + irq + softirq + steal) / tick,
+                    own=own.user + own.system)
+
+
+def others_cpu_share(before: CpuTimes | None, after: CpuTimes | None) -> float | None:
+    """The share of the machine's CPU time between two readings that went to other processes (or was stolen by
+    the hypervisor): what makes a timing taken then slower than this machine is. None if unknown."""
+    if before is None or after is None or after.total <= before.total:
+        return None
+    others = (after.busy - before.busy) - (after.own - before.own)
+    return min(1.0, max(0.0, others / (after.total - before.total)))
 
 
 def physical_cores() -> int:

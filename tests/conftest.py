@@ -34,6 +34,13 @@ def _one_torch_thread():
     torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _calibration_on_an_idle_machine(monkeypatch):
+    """Tests run beside each other (pytest -n 2), so the calibration would see a busy CPU and cache nothing; it
+    reads the machine as idle unless a test says otherwise (test_a_curve_timed_on_a_busy_machine_is_not_cached)."""
+    monkeypatch.setattr("hyflash.calibration.others_cpu_share", lambda before, after: 0.0)
+
+
 def _sharpen(model, scale: float = 10.0) -> None:
     """Random init gives near-uniform logits (and tied heads just repeat the last token). An untied, scaled
     head gives varied text with a top probability around 0.2-0.8: no near-ties, still worth sampling."""

@@ -579,3 +579,34 @@ def test_a_calibrated_plain_step_is_never_dearer_than_a_one_token_pass(llama_tar
     monkeypatch.setattr(calibration, "measure_plain", lambda target, contexts, **k: [9.0, 47.6][: len(contexts)])
     curve, _ = calibrate("tiny", "float32", None, contexts=(8, 32), reps=1, target=llama_target)
     assert curve.plain_ms == [9.0, 41.8]
+
+
+def test_a_curve_timed_on_a_busy_machine_is_not_cached(llama_target, tmp_path, monkeypatch):
+    """Other processes took 60% of the CPU while the curve was timed: it serves this run, with a line saying so,
+    and the next run measures again; on an idle machine (10%) it is cached."""
+    import hyflash.calibration as calibration
+
+    monkeypatch.setenv("HYFLASH_CACHE", str(tmp_path))
+    share = {"value": 0.6}
+    monkeypatch.setattr(calibration, "others_cpu_share", lambda before, after: share["value"])
+    said = []
+    curve, measured = calibrate("tiny", "float32", None, contexts=(8,), reps=1, target=llama_target,
+                                announce=said.append)
+    assert measured and curve.pass_ms and "60% of the CPU" in said[-1] and "not cached" in said[-1]
+    assert calibrate("tiny", "float32", None, contexts=(8,), reps=1, target=llama_target)[1]  # measured again
+    share["value"] = 0.1
+    assert calibrate("tiny", "float32", None, contexts=(8,), reps=1, target=llama_target)[1]
+    assert not calibrate("tiny", "float32", None, contexts=(8,), reps=1, target=llama_target)[1]  # cached
+
+
+def test_other_processes_cpu_share_is_what_the_machine_was_busy_with_beyond_this_process():
+    from hyflash.machine import CpuTimes, cpu_times, others_cpu_share
+
+    before = CpuTimes(total=100.0, busy=10.0, own=5.0)
+    assert others_cpu_share(before, CpuTimes(total=110.0, busy=18.0, own=11.0)) == pytest.approx(0.2)  # 8 - 6
+    assert others_cpu_share(before, CpuTimes(total=110.0, busy=14.0, own=11.0)) == 0.0  # own time counted late
+    assert others_cpu_share(before, before) is None and others_cpu_share(None, before) is None
+    now = cpu_times()
+    if now is not None:  # Linux: real readings are ordered
+        later = cpu_times()
+        assert later.total >= now.total and later.own >= now.own and 0.0 <= now.busy <= now.total
