@@ -149,6 +149,22 @@ def test_a_budget_pause_retires_the_drafter_only_where_feeding_it_idle_is_dear(i
     assert policy.retire_expensive is retires and policy.retired_by_guard is retires
 
 
+def test_a_pass_not_timed_yet_is_costed_for_what_it_could_lose_at_the_largest_correction_measured():
+    """2-token passes ran 20% slower than the curve: a 4-token pass not timed yet is planned as calibrated, but what
+    it could lose (the loss budget's bound on the draft's length) is costed 20% slower too: 3 drafts fit a budget
+    of 12.8 ms as calibrated (c(4) - c(1) = 12), 2 at the cautious cost (26.4 - 10 > 12.8)."""
+    costs = curve([10, 16, 19, 22, 25, 28, 31, 34], plain=10)
+    live = LiveCosts(costs)
+    live.record(2, 0, StepTimes(draft=0.1, verify=19.2, total=19.3), tokens=1, proposed=False)
+    assert live.pass_ms(4, 0) == 22 and live.cautious_pass_ms(4, 0) == pytest.approx(26.4)
+    assert live.cautious_pass_ms(2, 0) == pytest.approx(19.2)  # a timed q: as timed
+    sure = Draft(torch.arange(7), confidence=torch.full((7,), 0.99), source="ngram")
+    policy = SpeculationPolicy(costs, PolicyConfig())
+    policy.start_run(reads_features=False)
+    assert len(policy.plan([sure], 0).tokens) == 3
+    policy.live.record(2, 0, StepTimes(draft=0.1, verify=19.2, total=19.3), tokens=1, proposed=False)
+    assert len(policy.plan([sure], 0).tokens) == 2
+
 def test_no_step_may_verify_more_drafts_than_the_loss_budget_left_could_pay_for_if_all_were_rejected():
     """llama.cpp-like costs: a 7-token draft the planner is sure of would lose 2.4 plain steps if all were
     rejected, the budget at the start is 1.28 (64 tokens' 2%): it is cut to the 3 drafts whose pass loses at most
