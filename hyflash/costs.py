@@ -158,15 +158,15 @@ class LiveCosts:
     def pass_ms(self, q: int, context: int) -> float:
         return 1.0 if self.curve is None else self._calibrated(q, context) * self._factor(q)
 
-    def cautious_pass_ms(self, q: int, context: int) -> float:
-        """pass_ms for what a pass could lose: a q not measured yet is costed at the largest correction measured so
-        far (at least as calibrated), not as calibrated. The machine that runs 2-token passes 16% slower than its
-        curve runs 5-token ones slower too: on a Zen 3 one rejected 4-token n-gram draft cost 30 ms against 25.8
-        calibrated and overdrew the guard's budget (code at 128 tokens, 2026-12-06)."""
+    def caution(self, q: int) -> float:
+        """What pass_ms(q) is multiplied by to cost what a q-token pass could lose: 1 where q's bucket was timed;
+        else the largest correction timed so far (at least 1), not the calibration's. The machine that runs
+        2-token passes 16% slower than its curve runs 5-token ones slower too: on a Zen 3 one rejected 4-token
+        n-gram draft cost 30 ms against 25.8 calibrated and overdrew the guard's budget (code at 128 tokens,
+        2026-12-06). (A q > 1 not timed yet is in pass_ms as calibrated, so this is its whole correction.)"""
         if self.curve is None or self.factor[_bucket(q)].value is not None:
-            return self.pass_ms(q, context)
-        measured = [f.value for f in self.factor if f.value is not None]
-        return self._calibrated(q, context) * max([1.0, self._factor(q)] + measured)
+            return 1.0
+        return max([1.0, self._factor(q)] + [f.value for f in self.factor if f.value is not None]) / self._factor(q)
 
     def plain_ms(self, context: int) -> float:
         """A plain decoding step's pass (feature-free): corrected by the plain passes measured (plain steps, and

@@ -196,7 +196,6 @@ class SpeculationPolicy:
         self.proposed: bool | None = None  # this step: None, the drafter did not run; else whether its expensive part did
         self.unverified: list[Draft] = []  # this step's drafts that were not verified (their first slot: observe)
         self.context = 0  # the context of the last step observed
-        self.plain_scale = 1.0  # the live correction of plain steps the guard's ledger is priced at
         self.temperature = 0.0  # the generation's sampling temperature, to 0.1 (start_run)
         self.start_context = 0  # the prompt's length (start_run)
         self.reads_features = True  # the drafter reads the target's features (start_run says)
@@ -231,7 +230,6 @@ class SpeculationPolicy:
         self.skip = self.skip_left = self.misses_at_max = self.steps = 0
         self.retired_at, self.retired_by_guard, self.retired_dear, self.proposed = None, False, False, None
         self.live.reset()
-        self.plain_scale = 1.0  # the live correction of plain steps the guard's ledger is priced at
         if self.guard:
             self.guard.reset()
         self.saved_ms, self.drafted = 0.0, False  # the ledger: expected ms saved by the expensive drafter
@@ -338,13 +336,12 @@ class SpeculationPolicy:
         plain step. Without this bound one rejected 7-token draft on llama.cpp (c(8) ~4.3 steps on 2 cores) lost
         3.3 steps at once, 2.5 times the budget at the start of a generation (experiments/never_slower/replay.py).
         At most `limit` (the longest draft proposed, and all of it without the guard); pass_cost: `_costs_at(context)`;
-        a longer pass not timed yet is costed cautiously (`LiveCosts.cautious_pass_ms`)."""
+        a longer pass not timed yet is costed cautiously (`LiveCosts.caution`)."""
         if self.guard is None:
             return limit
         left = self.loss_budget_ms() - self.guard.lost_ms
-        one = pass_cost(1)
         k = 0
-        while k < limit and self.live.cautious_pass_ms(k + 2, context) - one <= left:
+        while k < limit and pass_cost(k + 2) * self.live.caution(k + 2) - pass_cost(1) <= left:
             k += 1
         return k
 
@@ -535,10 +532,8 @@ class SpeculationPolicy:
             q = 1 + (0 if draft is None else len(draft.tokens))
             self._sync_live()
             self.live.record(q, context, times, n_accepted + 1, proposed)
-            scale = self.live.plain_scale(context)
-            if self.guard and scale != self.plain_scale:
-                self.guard.reprice(scale / self.plain_scale)
-            self.plain_scale = scale
+            if self.guard:
+                self.guard.reprice(self.live.plain_scale(context))
             if self.guard and proposed is not None and times.total > 0 and self.guard.judge(
                     n_accepted + 1, times.total, self._plain_step_ms(context), self.loss_budget_ms()):
                 # Idle steps must cost nothing: where keeping the drafter fed costs (its ingest and the target's
@@ -618,8 +613,10 @@ class Guard:
         self.idle_left = 0
         self.probing = False
         self.fallbacks = self.idle_steps = self.pauses = 0
-        # What speculative steps took and what their tokens take at plain speed, this generation: lost_ms
+        # What speculative steps took and what their tokens take at plain speed, this generation: lost_ms;
+        # priced at plain_scale, the live correction of plain steps (LiveCosts.plain_scale)
         self.spent_ms = self.plain_equivalent_ms = 0.0
+        self.plain_scale = 1.0
         self.paused = False  # the last fall-back was the budget's pause alone (the window did not judge it)
 
     @property
@@ -627,10 +624,11 @@ class Guard:
         """What speculative steps lost against plain steps this generation (gains negative)."""
         return self.spent_ms - self.plain_equivalent_ms
 
-    def reprice(self, ratio: float) -> None:
-        """The estimate of a plain step changed by `ratio` (a plain pass measured at last): what the steps so far
-        saved or lost is priced at the new one, so gains credited at a wrong price are not kept."""
-        self.plain_equivalent_ms *= ratio
+    def reprice(self, plain_scale: float) -> None:
+        """The live correction of plain steps is now `plain_scale` (a plain pass measured at last): what the steps
+        so far saved or lost is priced at it, so gains credited at a wrong price are not kept."""
+        self.plain_equivalent_ms *= plain_scale / self.plain_scale
+        self.plain_scale = plain_scale
 
     def drafting(self, budget_ms: float = float("inf")) -> bool:
         """Whether this step may speculate; budget_ms: the loss budget now (`SpeculationPolicy.loss_budget_ms`)."""

@@ -156,8 +156,8 @@ def test_a_pass_not_timed_yet_is_costed_for_what_it_could_lose_at_the_largest_co
     costs = curve([10, 16, 19, 22, 25, 28, 31, 34], plain=10)
     live = LiveCosts(costs)
     live.record(2, 0, StepTimes(draft=0.1, verify=19.2, total=19.3), tokens=1, proposed=False)
-    assert live.pass_ms(4, 0) == 22 and live.cautious_pass_ms(4, 0) == pytest.approx(26.4)
-    assert live.cautious_pass_ms(2, 0) == pytest.approx(19.2)  # a timed q: as timed
+    assert live.pass_ms(4, 0) == 22 and live.pass_ms(4, 0) * live.caution(4) == pytest.approx(26.4)
+    assert live.pass_ms(2, 0) * live.caution(2) == pytest.approx(19.2)  # a timed q: as timed
     sure = Draft(torch.arange(7), confidence=torch.full((7,), 0.99), source="ngram")
     policy = SpeculationPolicy(costs, PolicyConfig())
     policy.start_run(reads_features=False)
