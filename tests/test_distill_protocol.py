@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import signal
 import subprocess
@@ -323,9 +324,22 @@ def test_summary_fields_and_verdict_on_synthetic_runs(tmp_path):
     for pair in ("reopold_vs_grpo", "opd_vs_grpo"):
         assert pairs[pair]["ratio"] is None and pairs[pair]["ratio_unbounded"] and pairs[pair]["ci_upper_unbounded"]
         assert pairs[pair]["direction"] == "confirmed"
+        # censored at the budget (GRPO counted as reaching at the last sample): a finite lower bound that can be
+        # set beside the paper's 6.7-12x, with its interval from the same resamples
+        method = pair.split("_vs_")[0]
+        reached = summary["reach"]["methods"][method]["samples_to_reach"]
+        assert pairs[pair]["censored"] == "baseline" and pairs[pair]["censored_at"] == XS[-1]
+        assert pairs[pair]["ratio_censored"] == pytest.approx(XS[-1] / reached)
+        low, high = pairs[pair]["ci_censored"]
+        assert 1 < low <= pairs[pair]["ratio_censored"] <= high < math.inf
+    assert pairs["reopold_vs_opd"]["censored"] is None
+    assert pairs["reopold_vs_opd"]["ratio_censored"] == pytest.approx(pairs["reopold_vs_opd"]["ratio"])
     table = results_table(summary)  # the page's table: one row per method, the interval to two decimals
     assert table.count("\n| ") == 7 + 5
-    assert "| reopold vs grpo (samples of grpo / samples of reopold) | ∞ [∞, ∞] | confirmed |" in table
+    censored = pairs["reopold_vs_grpo"]
+    assert (f"| reopold vs grpo (samples of grpo / samples of reopold) | ∞ [∞, ∞] | "
+            f"≥ {censored['ratio_censored']:.2f} [{censored['ci_censored'][0]:.2f}, {censored['ci_censored'][1]:.2f}] "
+            f"| confirmed |") in table
     assert f"CI [{lo:.2f}, {hi:.2f}]" in table and "bar met: True" in table
     # a run where no level was reached (as the tiny scale gives) records no ratio, and the page still renders
     undecided = dict(summary, reach=dict(summary["reach"], reopold_vs_opd=None), samples_to_reach_ratio=None)

@@ -78,6 +78,20 @@ def _ratio(opd: float | None, other: float | None) -> float:
     return a / b
 
 
+def _censored(baseline: float | None, method: float | None, budget: float) -> float:
+    """samples_baseline / samples_method with never-reached counted as reached at `budget`, the last sample."""
+    a = budget if baseline is None else baseline
+    b = budget if method is None else method
+    return math.nan if b == 0 else a / b
+
+
+def _censoring(baseline: float | None, method: float | None) -> str | None:
+    """Which side of a censored ratio is censored: 'baseline' (the ratio is a lower bound), 'method' (an
+    upper bound), 'both' (says nothing), or None (exact)."""
+    return {(True, True): "both", (True, False): "baseline", (False, True): "method"}.get(
+        (baseline is None, method is None))
+
+
 def _interval(values: list[float], confidence: float) -> tuple[float, float]:
     """Percentile interval by order statistics (no interpolation, so infinite values stay meaningful)."""
     finite_or_inf = sorted(v for v in values if not math.isnan(v))
@@ -138,9 +152,14 @@ def compare(
         if m in curves and base in curves:
             lo, hi = _interval(boot(m, base), config.confidence)
             ratio = _ratio(point[base], point[m])
+            budget = samples[-1]
+            censored = [math.nan if r is None else _censored(r[base], r[m], budget) for r in resamples]
             pairs[f"{m}_vs_{base}"] = {"ratio": _json(ratio), "ratio_unbounded": bool(math.isinf(ratio)),
                                        "ci": [_json(lo), _json(hi)], "ci_upper_unbounded": bool(math.isinf(hi)),
-                                       "direction": "confirmed" if lo > 1 else "refuted" if hi < 1 else "within noise"}
+                                       "direction": "confirmed" if lo > 1 else "refuted" if hi < 1 else "within noise",
+                                       "censored_at": budget, "censored": _censoring(point[base], point[m]),
+                                       "ratio_censored": _json(_censored(point[base], point[m], budget)),
+                                       "ci_censored": [_json(x) for x in _interval(censored, config.confidence)]}
     out.update(level=level, methods=methods, pairs=pairs)
     reo = methods.get("reopold")
     if reo is None:

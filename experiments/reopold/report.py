@@ -147,6 +147,16 @@ def _ci(lo, hi, upper_unbounded: bool = False) -> str:
     return f"[{'∞' if unbounded_lo else _fmt(lo, 2)}, {'∞' if upper_unbounded else _fmt(hi, 2)}]"
 
 
+def _censored_cell(pair: dict) -> str:
+    """A pair's ratio with never-reached counted as reached at the last sample: '≥' where only the baseline
+    never reached the level (a lower bound), '≤' where only the method did, '—' where both never did."""
+    side = pair.get("censored")
+    if "ratio_censored" not in pair or side == "both":
+        return "—"
+    sign = {"baseline": "≥ ", "method": "≤ "}.get(side, "")
+    return f"{sign}{_fmt(pair['ratio_censored'], 2)} {_ci(*pair['ci_censored'])}"
+
+
 def results_table(summary: dict) -> str:
     """The markdown table for docs/reopold.md: one row per method."""
     reach = summary["reach"].get("methods", {})
@@ -170,12 +180,14 @@ def results_table(summary: dict) -> str:
                f"{_fmt(summary['samples_to_reach_ratio'], 2)}, CI {reo_ci}; "
                f"within_one_third: {summary['within_one_third']}; direction: {summary['direction']}; "
                f"OPD improved over start: {summary['opd_improved_over_start']}; bar met: {summary['bar']['met']}.")
-    pairs = ["| comparison | samples-to-reach ratio [95% CI] | direction |", "| --- | --- | --- |"]
+    pairs = ["| comparison | samples-to-reach ratio [95% CI] | censored at the budget [95% CI] | direction |",
+             "| --- | --- | --- | --- |"]
     for name, pair in summary.get("pairs", {}).items():
         method, baseline = name.split("_vs_")
         ratio = "∞" if pair["ratio_unbounded"] else _fmt(pair["ratio"], 2)
         pairs.append(f"| {method} vs {baseline} (samples of {baseline} / samples of {method}) | {ratio} "
-                     f"{_ci(*pair['ci'], pair['ci_upper_unbounded'])} | {pair['direction']} |")
+                     f"{_ci(*pair['ci'], pair['ci_upper_unbounded'])} | {_censored_cell(pair)} | "
+                     f"{pair['direction']} |")
     head = (f"Teacher {_fmt(summary['teacher_accuracy'])}, warm start {_fmt(summary['start_accuracy'])} "
             f"({summary['student_layers']} layers), {summary['eval_size']} test problems, "
             f"{summary['samples_per_run']} samples per run.")
