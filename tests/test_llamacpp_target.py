@@ -333,6 +333,61 @@ def test_dropping_features_mid_sequence_moves_it_to_the_plain_context_bit_for_bi
         lcpp.score(ids[:1], features=True)
 
 
+def test_a_prefill_reuses_the_last_prompts_whole_chunks_and_runs_a_fresh_prefills_passes(lcpp, monkeypatch):
+    """A prompt that starts with the last prefill's keeps the whole BATCH chunks they share, and runs the rest
+    as the very passes (positions, lengths) a fresh prefill would: its logits, and the next pass's, are a fresh
+    prefill's bit for bit, after a generation and a tree pass left cells (junk included) beyond the prompt.
+    The same prompt again runs nothing; a prefill that wants features reuses nothing."""
+    from hyflash.targets.llamacpp import BATCH, JUNK_SEQ
+    from hyflash.tree import DraftTree
+
+    words = lcpp.encode_prompt(" ".join(PROMPTS) * 60)
+    assert len(words) > 2 * BATCH + 40
+    first, longer, nxt = words[: BATCH + 90], words[: 2 * BATCH + 40], words[2 * BATCH + 40 : 2 * BATCH + 43]
+    passes: list[tuple[int, int]] = []
+    real_decode = lcpp._decode
+
+    def spy(ids, outputs, features, tree=None):
+        passes.append((lcpp.cache_length, len(ids)))
+        return real_decode(ids, outputs, features, tree)
+
+    monkeypatch.setattr(lcpp, "_decode", spy)
+    lcpp.reset()
+    want = lcpp.prefill(longer, features=False, feature_free=True).logits
+    fresh_passes = list(passes)
+    want_next = lcpp.score(nxt, features=False).logits
+    assert fresh_passes == [(0, BATCH), (BATCH, BATCH), (2 * BATCH, 40)]
+
+    lcpp.prefill(first, features=False, feature_free=True)
+    assert lcpp.reused_tokens == BATCH  # `longer`'s first chunk, from the fresh prefill above
+    lcpp.prefill(first, features=False, feature_free=True)
+    assert lcpp.reused_tokens == len(first)
+    generate(lcpp, first, None, max_new_tokens=5)  # a generation's cells after the prompt
+    tree = DraftTree(tokens=[5, 7, 9], parents=[-1, -1, 0], depths=[1, 1, 2])
+    start = lcpp.cache_length
+    lcpp.score([11] + tree.tokens, tree=(tree.ancestor_mask(), tree.position_offsets()), features=False)
+    lcpp.keep(start, [0, 1])  # a kept path and two rejected nodes' junk cells
+    assert lcpp._junk == 2
+
+    passes.clear()
+    got = lcpp.prefill(longer, features=False, feature_free=True).logits
+    assert lcpp.reused_tokens == BATCH and passes == fresh_passes[1:] and lcpp._junk == 0
+    assert llama_cpp.llama_memory_seq_pos_max(lcpp._mem, JUNK_SEQ) == -1  # the junk cells went too
+    assert torch.equal(got, want) and torch.equal(lcpp.score(nxt, features=False).logits, want_next)
+
+    passes.clear()
+    again = lcpp.prefill(longer, features=False, feature_free=True)
+    assert lcpp.reused_tokens == len(longer) and passes == [] and lcpp.cache_length == len(longer)
+    assert torch.equal(again.logits, want) and torch.equal(lcpp.score(nxt, features=False).logits, want_next)
+
+    passes.clear()
+    recorded = lcpp.prefill(longer, features=True)  # the context with the callback: its own cache
+    assert lcpp.reused_tokens == 0 and passes == fresh_passes and recorded.features.shape[0] == len(longer)
+    assert torch.equal(recorded.logits, want)
+    passes.clear()
+    assert torch.equal(lcpp.prefill(longer, features=True).logits, want) and passes == fresh_passes
+
+
 @pytest.mark.slow
 def test_cells_left_by_earlier_sequences_change_no_logit(lcpp):
     """reset() and a cache move forget cells without zeroing their bytes (zeroing the 8k-cell cache cost 14 ms a

@@ -10,6 +10,9 @@ How, with public calls only:
     `l_out-{i-1}` (llama.cpp names layer i's output `l_out-i`; our feature index i, like transformers'
     hidden_states[i], is the output of layer i-1), and copies their float32 rows, every batch position;
   - rollback is llama_memory_seq_rm(mem, 0, length, -1);
+  - a prefill reuses the cells of the context's last prefill, in whole BATCH chunks, where the new prompt starts
+    with the same tokens (the same prompt again, a chat's next turn): every pass it then runs is one a fresh
+    prefill would run, on the same cells, so the numbers are a fresh prefill's on any file (`_Prefilled`);
   - a draft tree is one batch: each node carries the sequence ids of every root-to-leaf path through it
     (leaf j is sequence 1 + j, given a copy of the verified text first) at position = its depth, so llama.cpp's
     own causal-per-sequence mask is the ancestor mask. Keeping the accepted path relabels its cells to
@@ -142,6 +145,36 @@ class _TreeBlock:
         return cls(start, positions, seqs, [1 + j for j in range(len(leaves))])
 
 
+@dataclass
+class _Prefilled:
+    """What a context's cache holds of its last prefill: the prompt's first len(ids) cells, computed by the
+    prefill's BATCH-token chunks from position 0, and its last position's logits (None once a rollback cut
+    into the prompt). A later prefill of a prompt that starts with the same tokens keeps the whole chunks they
+    share and runs the rest chunk by chunk from there: the very passes a fresh prefill would run, so the logits
+    are bit for bit a fresh prefill's even where a pass's numbers depend on its length (K-quants). Cells a
+    generation added (its passes were not a prefill's chunks) are never reused."""
+
+    ids: list[int]
+    logits: torch.Tensor | None
+
+    def reusable(self, ids: list[int]) -> int:
+        """How many leading cells a prefill of `ids` keeps: the shared tokens in whole chunks, and never the
+        last token, whose logits the prefill must give (unless the whole prompt is this one, logits kept)."""
+        if ids == self.ids and self.logits is not None:
+            return len(ids)
+        shared = 0
+        for a, b in zip(self.ids, ids):
+            if a != b:
+                break
+            shared += 1
+        return min(shared, len(ids) - 1) // BATCH * BATCH
+
+    def cut(self, length: int) -> None:
+        """The cache keeps only its first `length` cells."""
+        if length < len(self.ids):
+            self.ids, self.logits = self.ids[:length], None
+
+
 def _hf_tokenizer(name: str, folder: Path, gguf_file: str):
     """The tokenizer the transformers backend uses for a built-in model: its cached conversion, else the
     same tokenizer read from the GGUF (what the conversion saves), without converting the weights."""
@@ -259,6 +292,8 @@ class LlamaCppTarget(BaseTarget):
         self._mem = llama_cpp.llama_get_memory(self._ctx)
         self._batch = llama_cpp.llama_batch_init(BATCH, 0, TREE_LEAVES)
         self._length = 0
+        self._prefilled: dict[bool, _Prefilled] = {}  # per context (in the feature one?): its last prefill
+        self.reused_tokens = 0  # prompt tokens the last prefill took from the cache instead of running
         self._junk = 0  # cells of rejected tree nodes still held (in JUNK_SEQ)
         self._tree: _TreeBlock | None = None  # the last scored tree block, until keep() resolves it
         self._weights: dict[str, torch.Tensor] = {}
@@ -447,6 +482,11 @@ class LlamaCppTarget(BaseTarget):
         llama_cpp.llama_memory_clear(self._mem, False)  # cells only: see _move_sequence
         self._length = self._junk = 0
         self._tree = None
+        self._prefilled.pop(self._in_feature_ctx, None)
+
+    @property
+    def _in_feature_ctx(self) -> bool:
+        return self._ctx is self._feature_ctx
 
     def kv_bytes(self) -> int:
         """The size of sequence 0's cache state as llama.cpp would save it: its cells' keys and values."""
@@ -461,22 +501,39 @@ class LlamaCppTarget(BaseTarget):
             if not llama_cpp.llama_memory_seq_rm(self._mem, 0, length, -1):
                 raise HyflashError(f"llama.cpp cannot roll {self.name}'s cache back to {length} tokens")
             self._length = length
+            if self._in_feature_ctx in self._prefilled:
+                self._prefilled[self._in_feature_ctx].cut(length)
 
     @torch.inference_mode()
     def prefill(self, ids, features: bool = True, feature_free: bool = False, on_features=None) -> TargetOutput:
-        """Start a new sequence: reset the cache, run the prompt BATCH tokens per llama_decode.
+        """Start a new sequence: run the prompt BATCH tokens per llama_decode.
 
         Only the last position's logits ([1, V]), as in the transformers backend; features of every position,
         or each batch's handed to `on_features` (see BaseTarget.prefill).
         A feature_free sequence runs in the context without the eval callback (`_use_context`); asking it for
-        features is refused by `_decode`."""
+        features is refused by `_decode`.
+        A prefill that wants no features keeps the whole chunks its prompt shares with the context's last
+        prefill (`_Prefilled`; `reused_tokens` says how many tokens): the same prompt again costs nothing, a
+        chat's next turn only its new chunks, and the logits are a fresh prefill's bit for bit."""
         features = features or on_features is not None
         self._use_context(feature_free)
-        self.reset()
         ids = [int(i) for i in torch.as_tensor(ids).view(-1).tolist()]
         self.check_prompt_length(len(ids))
+        last_prefill = self._prefilled.get(self._in_feature_ctx)
+        keep = 0 if features or last_prefill is None or self._tree is not None else last_prefill.reusable(ids)
+        if keep:
+            # Every cell from `keep` on goes (the verified text's, a tree's leaves', the junk): the chunks run
+            # next take cells keep.. in order, as in a fresh prefill.
+            llama_cpp.llama_memory_seq_rm(self._mem, -1, keep, -1)
+            self._length, self._junk = keep, 0
+            last_prefill.cut(keep)  # true of the cache now, should a pass below fail
+        else:
+            self.reset()
+        self.reused_tokens = keep
+        if keep == len(ids):
+            return TargetOutput(logits=last_prefill.logits.clone(), features=None)
         feats, logits = [], None
-        for start in range(0, len(ids), BATCH):
+        for start in range(keep, len(ids), BATCH):
             chunk = ids[start : start + BATCH]
             last = start + len(chunk) == len(ids)
             outputs = len(chunk) if features and self._all_outputs else int(last)
@@ -485,6 +542,7 @@ class LlamaCppTarget(BaseTarget):
                 on_features(torch.tensor(chunk, dtype=torch.long), f)
             else:
                 feats.append(f)
+        self._prefilled[self._in_feature_ctx] = _Prefilled(ids, logits[-1:].clone())
         return TargetOutput(logits=logits[-1:], features=torch.cat(feats) if features and feats else None)
 
     @torch.inference_mode()
@@ -534,6 +592,8 @@ class LlamaCppTarget(BaseTarget):
         llama_cpp.llama_memory_seq_cp(self._mem, tree.seqs[kept[-1]][0], 0, start, start + len(kept))
         for seq in tree.leaf_seqs:
             llama_cpp.llama_memory_seq_rm(self._mem, seq, -1, -1)
+        if self._in_feature_ctx in self._prefilled:
+            self._prefilled[self._in_feature_ctx].cut(start)
         self._length = start + len(kept)
         self._junk += len(rejected)
 
@@ -564,7 +624,11 @@ class LlamaCppTarget(BaseTarget):
         size = llama_cpp.llama_state_seq_get_size(self._ctx, 0)
         buf = (ctypes.c_uint8 * size)()
         written = llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, 0)
+        moved = self._prefilled.get(self._in_feature_ctx)  # the bytes move as they are: what was reusable stays so
         self._ctx, self._mem = ctx, llama_cpp.llama_get_memory(ctx)
+        self._prefilled.pop(self._in_feature_ctx, None)
+        if moved is not None:
+            self._prefilled[self._in_feature_ctx] = _Prefilled(list(moved.ids), moved.logits)
         # Forget the cells, keep the buffers' bytes: zeroing them (data=True) writes the whole context's cache,
         # 14 ms for SmolLM2's 8,192 cells (Intel Xeon, 2 cores), 1.4 steps each time a retiring drafter moved
         # its sequence here. A cell no sequence holds is masked out of attention (flash attention skips it), as
