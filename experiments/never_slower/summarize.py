@@ -65,19 +65,21 @@ def markdown(summary: dict) -> str:
                   f"**min {_n(o['min_ratio'], '.2f')}x, median {_n(o['median_ratio'], '.2f')}x** over "
                   f"{o['prompts']} prompt runs; median ceiling {_n(o['median_ceiling'], '.2f')}x, median share of "
                   f"its margin taken {_n(o['median_ceiling_share'], '.0%')}", "",
-                  "Ratio: of the median timings of 3 (`--repeats`); each repeat's own ratio (plain's i-th timing against "
-                  "the default's i-th, run next to each other) spans the range beside it.", ""]
+                  "Ratio: the median of the repeats' paired ratios (`--repeats`: plain's i-th timing against the "
+                  "default's i-th, run next to each other; their range beside it); the ratio of the two methods' "
+                  "median timings beside that.", ""]
         noise = b.get("plain_repeat_spread")
         if noise:
             lines += [f"Noise: plain decoding's own {noise['prompts']} sets of repeats differ from fastest to slowest by "
                       f"{noise['median']:.1%} at the median prompt and up to {noise['max']:.1%}.", ""]
-        lines += ["| T | prompt | context | ratio | per repeat | tau | ceiling | fall-backs | budget pauses | greedy text = plain |",
-                  "|---:|---|---:|---:|---|---:|---:|---:|---:|---|"]
+        lines += ["| T | prompt | context | ratio | per repeat | of medians | tau | ceiling | fall-backs | budget pauses | greedy text = plain |",
+                  "|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---|"]
         for r in b["prompts"]:
             same = "–" if r["identical_to_plain"] is None else ("yes" if r["identical_to_plain"] else "**no**")
             spread = r.get("repeat_ratios") or []
             spread = f"{min(spread):.2f}–{max(spread):.2f}" if len(spread) > 1 else "–"
             lines.append(f"| {r['temperature']} | {r['item_id']} | {r['prompt_tokens']} | {r['ratio']:.2f} | {spread} | "
+                         f"{_n(r.get('ratio_of_medians'), '.2f')} | "
                          f"{r['tau']:.2f} | {_n(r['speedup_ceiling'], '.2f')} | {_n(r['fallbacks'], 'd')} | {_n(r.get('budget_pauses'), 'd')} | {same} |")
         lines.append("")
     return "\n".join(lines)
