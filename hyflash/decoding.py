@@ -178,7 +178,7 @@ def generate(
     if drafter is not None:
         drafter.reset()
     if want_features:  # the drafter takes the prompt in piece by piece: its features are never all held at once
-        out = target.prefill(prompt, on_features=active.ingest)
+        out = target.prefill(prompt, on_features=active.ingest, resumable=active)
     else:
         out = target.prefill(prompt, features=False, feature_free=True)
         if active is not None:

@@ -74,3 +74,16 @@ def tiny_drafter_folder(target, path, seed: int = 0):
     from test_drafter_model import make
 
     return make(target, dtype=torch.float32, seed=seed).save_pretrained(path)
+
+
+def same_state(a, b) -> bool:
+    """Two drafter snapshots hold equal values, tensors bit for bit (a token history by its tokens)."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same_state(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if hasattr(a, "tokens"):
+        return list(a.tokens) == list(b.tokens)
+    return a == b

@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from hyflash.drafters import reference
+from drafters_for_tests import same_state
+from hyflash.drafters.base import Drafter
 from hyflash.drafters.config import KINDS, DrafterConfig
 from hyflash.drafters.model import DrafterModel
 from hyflash.drafters.state import DrafterState
@@ -369,3 +371,50 @@ def test_init_from_target_refuses_targets_without_llama_layers(llama_target, gem
             model.init_from_target()
     finally:
         decoder.layers[3].mlp = mlp
+
+
+class _Unresumable(Drafter):
+    """A drafter whose ingest state is not declared: it cannot be snapshotted."""
+
+    block_size = 4
+
+    def reset(self) -> None:
+        pass
+
+    def ingest(self, tokens, features) -> None:
+        pass
+
+    def draft(self, last_token, num_tokens, sampling, generator):
+        raise NotImplementedError
+
+    def memory_bytes(self) -> int:
+        return 0
+
+
+@pytest.mark.parametrize("kind, rule", CASES)
+def test_a_restored_snapshot_drafts_and_ingests_as_the_state_it_copied(llama3_target, kind, rule):
+    """Drafter.snapshot / restore (a backend keeping a prompt's passes resumes the drafter with them): a drafter
+    restored to a snapshot, then fed the rest of the sequence, holds and drafts bit for bit what one fed the
+    whole sequence does, every kind (window, memory, full, the copy input); the snapshot survives being restored
+    from and fed past, so it can be restored again."""
+    from hyflash.drafters.hybrid import HybridDrafter
+
+    model = make(llama3_target, dtype=torch.float32, kind=kind, memory_rule=rule, copy_ngram=2)
+    features, tokens = sequence(llama3_target, 90, dtype=torch.float32)
+    straight, resumed = HybridDrafter(DrafterState(model)), HybridDrafter(DrafterState(model))
+    straight.ingest(tokens[0, :90], features[0, :90])
+    resumed.ingest(tokens[0, :50], features[0, :50])
+    snapshot = resumed.snapshot()
+    for _ in range(2):
+        resumed.reset()
+        resumed.restore(snapshot)
+        resumed.ingest(tokens[0, 50:90], features[0, 50:90])
+        mine, theirs = resumed.trained, straight.trained  # what ingest builds, read independently of ingest_state
+        assert (mine.length, mine.start) == (theirs.length, theirs.start)
+        assert same_state(mine.held_tensors(), theirs.held_tensors()) and same_state(mine.history, theirs.history)
+        assert list(resumed.ngram.history) == list(straight.ngram.history)
+        greedy = SamplingConfig()
+        mine, theirs = (d.propose(int(tokens[0, 89]), 6, greedy, None) for d in (resumed, straight))
+        assert [x.tokens.tolist() for x in mine] == [x.tokens.tolist() for x in theirs]
+    assert snapshot["trained"]["length"] == 50
+    assert HybridDrafter(_Unresumable()).snapshot() is None  # a part that cannot be resumed: neither can the whole

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import import_llama_cpp
-from drafters_for_tests import RandomDrafter
+from drafters_for_tests import RandomDrafter, same_state
 from hyflash.decoding import generate
 from hyflash.drafters.ngram import NgramDrafter
 from hyflash.errors import HyflashError
@@ -333,6 +333,19 @@ def test_dropping_features_mid_sequence_moves_it_to_the_plain_context_bit_for_bi
         lcpp.score(ids[:1], features=True)
 
 
+def _passes_of(lcpp, monkeypatch) -> list[tuple[int, int]]:
+    """A list that records (cached tokens before, tokens in it) of every llama_decode the target runs."""
+    passes: list[tuple[int, int]] = []
+    real_decode = lcpp._decode
+
+    def spy(ids, outputs, features, tree=None):
+        passes.append((lcpp.cache_length, len(ids)))
+        return real_decode(ids, outputs, features, tree)
+
+    monkeypatch.setattr(lcpp, "_decode", spy)
+    return passes
+
+
 def test_a_prefill_reuses_the_last_prompts_whole_chunks_and_runs_a_fresh_prefills_passes(lcpp, monkeypatch):
     """A prompt that starts with the last prefill's keeps the whole BATCH chunks they share, and runs the rest
     as the very passes (positions, lengths) a fresh prefill would: its logits, and the next pass's, are a fresh
@@ -344,14 +357,7 @@ def test_a_prefill_reuses_the_last_prompts_whole_chunks_and_runs_a_fresh_prefill
     words = lcpp.encode_prompt(" ".join(PROMPTS) * 60)
     assert len(words) > 2 * BATCH + 40
     first, longer, nxt = words[: BATCH + 90], words[: 2 * BATCH + 40], words[2 * BATCH + 40 : 2 * BATCH + 43]
-    passes: list[tuple[int, int]] = []
-    real_decode = lcpp._decode
-
-    def spy(ids, outputs, features, tree=None):
-        passes.append((lcpp.cache_length, len(ids)))
-        return real_decode(ids, outputs, features, tree)
-
-    monkeypatch.setattr(lcpp, "_decode", spy)
+    passes = _passes_of(lcpp, monkeypatch)
     lcpp.reset()
     want = lcpp.prefill(longer, features=False, feature_free=True).logits
     fresh_passes = list(passes)
@@ -386,6 +392,45 @@ def test_a_prefill_reuses_the_last_prompts_whole_chunks_and_runs_a_fresh_prefill
     assert torch.equal(recorded.logits, want)
     passes.clear()
     assert torch.equal(lcpp.prefill(longer, features=True).logits, want) and passes == fresh_passes
+
+
+def test_a_prefill_that_feeds_a_drafter_restores_it_where_the_kept_chunks_end(lcpp, monkeypatch):
+    """With features the kept chunks' features are not held: the drafter that took them in (the shipped default,
+    its n-gram lookup included) is restored to its snapshot where the kept chunks end, and after the prefill it
+    holds bit for bit what a fresh prefill feeding a fresh drafter leaves, with the same logits. The same prompt
+    again runs nothing; another drafter object is never given this one's snapshot."""
+    from hyflash.drafters import registry
+    from hyflash.targets.llamacpp import BATCH
+
+    words = lcpp.encode_prompt(" ".join(PROMPTS) * 60)
+    first, longer = words[: BATCH + 90], words[: 2 * BATCH + 40]
+    passes = _passes_of(lcpp, monkeypatch)
+    fresh = registry.build_drafter("default", lcpp)
+    lcpp.reset()
+    want = lcpp.prefill(longer, on_features=fresh.ingest).logits  # no resumable: a fresh prefill's passes
+    fresh_passes, want_state = list(passes), fresh.snapshot()
+    assert fresh_passes == [(0, BATCH), (BATCH, BATCH), (2 * BATCH, 40)] and want_state is not None
+
+    drafter = registry.build_drafter("default", lcpp)
+    lcpp.prefill(first, on_features=drafter.ingest, resumable=drafter)
+    assert lcpp.reused_tokens == 0  # the cells are there, but no snapshot of this drafter
+    generate(lcpp, first, drafter, max_new_tokens=6)  # a generation: it drafts, and ingests after the prompt
+
+    passes.clear()
+    drafter.reset()
+    got = lcpp.prefill(longer, on_features=drafter.ingest, resumable=drafter).logits
+    assert lcpp.reused_tokens == BATCH and passes == fresh_passes[1:]
+    assert torch.equal(got, want) and same_state(drafter.snapshot(), want_state)
+
+    passes.clear()
+    drafter.reset()
+    again = lcpp.prefill(longer, on_features=drafter.ingest, resumable=drafter).logits
+    assert lcpp.reused_tokens == len(longer) and passes == []
+    assert torch.equal(again, want) and same_state(drafter.snapshot(), want_state)
+
+    other = registry.build_drafter("default", lcpp)
+    lcpp.prefill(longer, on_features=other.ingest, resumable=other)
+    assert lcpp.reused_tokens == 0 and passes == fresh_passes and same_state(other.snapshot(), want_state)
 
 
 @pytest.mark.slow

@@ -53,7 +53,7 @@ class ReplayTarget:
         self.tokenizer = None
         self.cache_length = 0
 
-    def prefill(self, prompt, on_features=None, features=True, feature_free=False) -> TargetOutput:
+    def prefill(self, prompt, on_features=None, features=True, feature_free=False, resumable=None) -> TargetOutput:
         n = len(prompt)
         if on_features is not None:
             on_features(torch.as_tensor(prompt), None)

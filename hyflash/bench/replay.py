@@ -127,7 +127,8 @@ class ReplayTarget(BaseTarget):
     def rollback(self, length: int) -> None:
         self._length = length
 
-    def prefill(self, ids, features: bool = True, feature_free: bool = False, on_features=None) -> TargetOutput:
+    def prefill(self, ids, features: bool = True, feature_free: bool = False, on_features=None,
+                resumable=None) -> TargetOutput:
         ids = torch.as_tensor(ids).view(-1).cpu()
         n = len(self.recording.prompt)
         if len(ids) != n or not torch.equal(ids, self.sequence[:n]):

@@ -15,6 +15,7 @@ Life of a drafter during one generation:
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -63,6 +64,22 @@ class Drafter(ABC):
 
     @abstractmethod
     def memory_bytes(self) -> int: ...
+
+    # What ingest builds, by attribute name: `snapshot` copies it, `restore` puts a copy back. A backend that
+    # keeps a prompt's cached passes for the next prefill (llama.cpp) restores the drafter to where the kept
+    # part of the prompt left it instead of running that part again; () = this drafter cannot be resumed.
+    ingest_state: tuple[str, ...] = ()
+
+    def snapshot(self) -> dict | None:
+        """A copy of what ingest has built so far (None if this drafter cannot be resumed)."""
+        if not self.ingest_state:
+            return None
+        return copy.deepcopy({name: getattr(self, name) for name in self.ingest_state})
+
+    def restore(self, snapshot: dict) -> None:
+        """Back to the state `snapshot` copied (the snapshot stays as it is: later ingests change copies)."""
+        for name, value in copy.deepcopy(snapshot).items():
+            setattr(self, name, value)
 
     def propose(
         self, last_token: int, num_tokens: int, sampling: SamplingConfig, generator: torch.Generator | None,

@@ -42,3 +42,11 @@ class HybridDrafter(Drafter):
 
     def memory_bytes(self) -> int:
         return self.trained.memory_bytes() + self.ngram.memory_bytes()
+
+    def snapshot(self) -> dict | None:
+        parts = {"trained": self.trained.snapshot(), "ngram": self.ngram.snapshot()}
+        return None if None in parts.values() else parts
+
+    def restore(self, snapshot: dict) -> None:
+        self.trained.restore(snapshot["trained"])
+        self.ngram.restore(snapshot["ngram"])

@@ -50,6 +50,7 @@ def confidence_reference(n: int, length: int) -> torch.Tensor:
 class NgramDrafter(Drafter):
     needs_features = False
     is_expensive = False
+    ingest_state = ("_history",)
 
     def __init__(self, block_size: int = 8, max_ngram: int = len(ACCEPTANCE_PRIOR), min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:

@@ -27,6 +27,7 @@ INGEST_SLICE = 512  # verified tokens taken in per step of `ingest` (a multiple 
 
 class DrafterState(Drafter):
     needs_features = True
+    ingest_state = ("length", "start", "keys", "rotated_keys", "values", "gates", "states", "last_feature", "history")
 
     def __init__(self, model: DrafterModel, fast: bool = True):
         """fast: draft with `FastDraft`, built now from the model's float weights (a snapshot: a model trained

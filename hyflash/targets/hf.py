@@ -269,7 +269,7 @@ class HFTarget(BaseTarget):
 
     @torch.inference_mode()
     def prefill(self, ids, features: bool = True, feature_free: bool = False, on_features=None,
-                chunk: int = PREFILL_CHUNK) -> TargetOutput:
+                resumable=None, chunk: int = PREFILL_CHUNK) -> TargetOutput:
         """Start a new sequence: reset the cache and run the prompt, `chunk` tokens per pass.
 
         Only the last position's logits are returned ([1, V]): nothing reads the others, and for a long prompt

@@ -12,7 +12,8 @@ How, with public calls only:
   - rollback is llama_memory_seq_rm(mem, 0, length, -1);
   - a prefill reuses the cells of the context's last prefill, in whole BATCH chunks, where the new prompt starts
     with the same tokens (the same prompt again, a chat's next turn): every pass it then runs is one a fresh
-    prefill would run, on the same cells, so the numbers are a fresh prefill's on any file (`_Prefilled`);
+    prefill would run, on the same cells, so the numbers are a fresh prefill's on any file; a drafter fed the
+    prompt's features is restored to its snapshot where the kept chunks end (`_Prefilled`);
   - a draft tree is one batch: each node carries the sequence ids of every root-to-leaf path through it
     (leaf j is sequence 1 + j, given a copy of the verified text first) at position = its depth, so llama.cpp's
     own causal-per-sequence mask is the ancestor mask. Keeping the accepted path relabels its cells to
@@ -29,7 +30,8 @@ from __future__ import annotations
 import ctypes
 import math
 import time
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -148,17 +150,21 @@ class _TreeBlock:
 @dataclass
 class _Prefilled:
     """What a context's cache holds of its last prefill: the prompt's first len(ids) cells, computed by the
-    prefill's BATCH-token chunks from position 0, and its last position's logits (None once a rollback cut
-    into the prompt). A later prefill of a prompt that starts with the same tokens keeps the whole chunks they
-    share and runs the rest chunk by chunk from there: the very passes a fresh prefill would run, so the logits
-    are bit for bit a fresh prefill's even where a pass's numbers depend on its length (K-quants). Cells a
-    generation added (its passes were not a prefill's chunks) are never reused."""
+    prefill's BATCH-token chunks from position 0, its last position's logits (None once a rollback cut into the
+    prompt) and, where a drafter ingested the prompt's features (`resumable`), that drafter's snapshots at the
+    prompt's last whole chunk and at its end. A later prefill of a prompt that starts with the same tokens keeps
+    the whole chunks they share (with features: up to a snapshot, which the drafter is restored to) and runs the
+    rest chunk by chunk from there: the very passes a fresh prefill would run, so the logits are bit for bit a
+    fresh prefill's even where a pass's numbers depend on its length (K-quants). Cells a generation added (its
+    passes were not a prefill's chunks) are never reused."""
 
     ids: list[int]
     logits: torch.Tensor | None
+    owner: weakref.ref | None = None  # the drafter the snapshots are of
+    snapshots: dict[int, dict] = field(default_factory=dict)  # position -> the drafter's state there
 
     def reusable(self, ids: list[int]) -> int:
-        """How many leading cells a prefill of `ids` keeps: the shared tokens in whole chunks, and never the
+        """How many leading cells a prefill of `ids` may keep: the shared tokens in whole chunks, and never the
         last token, whose logits the prefill must give (unless the whole prompt is this one, logits kept)."""
         if ids == self.ids and self.logits is not None:
             return len(ids)
@@ -169,10 +175,18 @@ class _Prefilled:
             shared += 1
         return min(shared, len(ids) - 1) // BATCH * BATCH
 
+    def resume_point(self, cells: int, drafter) -> int:
+        """The most cells a prefill that feeds `drafter` the prompt's features may keep: a position up to
+        `cells` where this record holds a snapshot of that very drafter (0: none)."""
+        if self.owner is None or self.owner() is not drafter:
+            return 0
+        return max((p for p in self.snapshots if p <= cells), default=0)
+
     def cut(self, length: int) -> None:
         """The cache keeps only its first `length` cells."""
         if length < len(self.ids):
             self.ids, self.logits = self.ids[:length], None
+            self.snapshots = {p: s for p, s in self.snapshots.items() if p <= length}
 
 
 def _hf_tokenizer(name: str, folder: Path, gguf_file: str):
@@ -505,34 +519,47 @@ class LlamaCppTarget(BaseTarget):
                 self._prefilled[self._in_feature_ctx].cut(length)
 
     @torch.inference_mode()
-    def prefill(self, ids, features: bool = True, feature_free: bool = False, on_features=None) -> TargetOutput:
+    def prefill(self, ids, features: bool = True, feature_free: bool = False, on_features=None,
+                resumable=None) -> TargetOutput:
         """Start a new sequence: run the prompt BATCH tokens per llama_decode.
 
         Only the last position's logits ([1, V]), as in the transformers backend; features of every position,
         or each batch's handed to `on_features` (see BaseTarget.prefill).
         A feature_free sequence runs in the context without the eval callback (`_use_context`); asking it for
         features is refused by `_decode`.
-        A prefill that wants no features keeps the whole chunks its prompt shares with the context's last
-        prefill (`_Prefilled`; `reused_tokens` says how many tokens): the same prompt again costs nothing, a
-        chat's next turn only its new chunks, and the logits are a fresh prefill's bit for bit."""
+        A prefill keeps the whole chunks its prompt shares with the context's last prefill (`_Prefilled`;
+        `reused_tokens` says how many tokens): the same prompt again costs nothing, a chat's next turn only
+        its new chunks, and the logits are a fresh prefill's bit for bit. One that wants features keeps cells
+        only where `resumable` (the drafter `on_features` feeds) can be restored to its state there: the kept
+        chunks' features are not held (a drafter takes a prompt's features piece by piece so that they never
+        all are), the drafter's snapshots at the last prompt's last whole chunk and end are."""
         features = features or on_features is not None
         self._use_context(feature_free)
         ids = [int(i) for i in torch.as_tensor(ids).view(-1).tolist()]
         self.check_prompt_length(len(ids))
         last_prefill = self._prefilled.get(self._in_feature_ctx)
-        keep = 0 if features or last_prefill is None or self._tree is not None else last_prefill.reusable(ids)
+        keep = 0 if last_prefill is None or self._tree is not None else last_prefill.reusable(ids)
+        if features:
+            resumable = resumable if on_features is not None else None  # the kept chunks' features are gone
+            keep = 0 if not keep or resumable is None else last_prefill.resume_point(keep, resumable)
         if keep:
             # Every cell from `keep` on goes (the verified text's, a tree's leaves', the junk): the chunks run
             # next take cells keep.. in order, as in a fresh prefill.
             llama_cpp.llama_memory_seq_rm(self._mem, -1, keep, -1)
             self._length, self._junk = keep, 0
             last_prefill.cut(keep)  # true of the cache now, should a pass below fail
+            if features:
+                resumable.restore(last_prefill.snapshots[keep])
         else:
             self.reset()
         self.reused_tokens = keep
-        if keep == len(ids):
-            return TargetOutput(logits=last_prefill.logits.clone(), features=None)
-        feats, logits = [], None
+        record = _Prefilled(ids, None)
+        if features and resumable is not None:  # snapshots at the last whole chunk and at the end
+            record.owner = weakref.ref(resumable)
+            # (the kept ones still stand for this prompt: a snapshot is never changed once taken)
+            record.snapshots = {p: snap for p, snap in last_prefill.snapshots.items()
+                                if p in self._resume_at(ids)} if keep else {}
+        feats, logits = [], None if keep < len(ids) else last_prefill.logits
         for start in range(keep, len(ids), BATCH):
             chunk = ids[start : start + BATCH]
             last = start + len(chunk) == len(ids)
@@ -542,8 +569,19 @@ class LlamaCppTarget(BaseTarget):
                 on_features(torch.tensor(chunk, dtype=torch.long), f)
             else:
                 feats.append(f)
-        self._prefilled[self._in_feature_ctx] = _Prefilled(ids, logits[-1:].clone())
+            if record.owner is not None and start + len(chunk) in self._resume_at(ids):
+                snapshot = resumable.snapshot()
+                if snapshot is not None:
+                    record.snapshots[start + len(chunk)] = snapshot
+        record.logits = logits[-1:].clone()
+        self._prefilled[self._in_feature_ctx] = record
         return TargetOutput(logits=logits[-1:], features=torch.cat(feats) if features and feats else None)
+
+    @staticmethod
+    def _resume_at(ids: list[int]) -> tuple[int, ...]:
+        """Where a prefill snapshots its drafter: after the prompt's last whole chunk (where a chat's next turn
+        or a longer prompt resumes) and at its end (the same prompt again)."""
+        return (len(ids) // BATCH * BATCH, len(ids))
 
     @torch.inference_mode()
     def score(self, ids, features: bool = True, tree=None) -> TargetOutput:
@@ -628,7 +666,7 @@ class LlamaCppTarget(BaseTarget):
         self._ctx, self._mem = ctx, llama_cpp.llama_get_memory(ctx)
         self._prefilled.pop(self._in_feature_ctx, None)
         if moved is not None:
-            self._prefilled[self._in_feature_ctx] = _Prefilled(list(moved.ids), moved.logits)
+            self._prefilled[self._in_feature_ctx] = replace(moved, snapshots=dict(moved.snapshots))
         # Forget the cells, keep the buffers' bytes: zeroing them (data=True) writes the whole context's cache,
         # 14 ms for SmolLM2's 8,192 cells (Intel Xeon, 2 cores), 1.4 steps each time a retiring drafter moved
         # its sequence here. A cell no sequence holds is masked out of attention (flash attention skips it), as
