@@ -116,6 +116,17 @@ def test_three_times_sooner_gives_ratio_three_with_an_interval():
     assert out["methods"]["opd"]["samples_to_reach"] == pytest.approx(0.9 * 2048)
 
 
+def test_one_seed_gives_no_direction_however_far_apart():
+    """Resampling a single seed gives an interval of zero width: three times sooner on one seed each is a ratio,
+    not a direction."""
+    opd, fast = _ramp(2048), _ramp(2048 / 3)
+    out = reach.compare(XS, {"opd": [opd], "reopold": [fast], "grpo": _seeds(opd)}, eval_size=1000)
+    assert out["reopold_vs_opd"]["ratio"] == pytest.approx(3.0) and out["direction"] == "too few seeds"
+    assert out["pairs"]["reopold_vs_grpo"]["direction"] == "too few seeds"
+    two = reach.compare(XS, {"opd": _seeds(opd)[:2], "reopold": _seeds(fast)[:2]}, eval_size=1000)
+    assert two["direction"] == "confirmed"
+
+
 def test_identical_curves_are_within_one_third():
     out = reach.compare(XS, {"opd": _seeds(_ramp(2048)), "reopold": _seeds(_ramp(2048))}, eval_size=1000)
     assert out["reopold_vs_opd"]["ratio"] == pytest.approx(1.0)

@@ -92,6 +92,17 @@ def _censoring(baseline: float | None, method: float | None) -> str | None:
         (baseline is None, method is None))
 
 
+MIN_SEEDS = 2  # a direction needs a spread: resampling one seed gives an interval of zero width
+
+
+def _direction(lo: float, hi: float, seeds: int) -> str:
+    """Whether the interval says the method needs fewer samples than its baseline (lo > 1), more (hi < 1),
+    or cannot tell; 'too few seeds' while either side has fewer than MIN_SEEDS."""
+    if seeds < MIN_SEEDS:
+        return "too few seeds"
+    return "confirmed" if lo > 1 else "refuted" if hi < 1 else "within noise"
+
+
 def _interval(values: list[float], confidence: float) -> tuple[float, float]:
     """Percentile interval by order statistics (no interpolation, so infinite values stay meaningful)."""
     finite_or_inf = sorted(v for v in values if not math.isnan(v))
@@ -156,7 +167,7 @@ def compare(
             censored = [math.nan if r is None else _censored(r[base], r[m], budget) for r in resamples]
             pairs[f"{m}_vs_{base}"] = {"ratio": _json(ratio), "ratio_unbounded": bool(math.isinf(ratio)),
                                        "ci": [_json(lo), _json(hi)], "ci_upper_unbounded": bool(math.isinf(hi)),
-                                       "direction": "confirmed" if lo > 1 else "refuted" if hi < 1 else "within noise",
+                                       "direction": _direction(lo, hi, min(len(curves[m]), len(curves[base]))),
                                        "censored_at": budget, "censored": _censoring(point[base], point[m]),
                                        "ratio_censored": _json(_censored(point[base], point[m], budget)),
                                        "ci_censored": [_json(x) for x in _interval(censored, config.confidence)]}
@@ -170,7 +181,7 @@ def compare(
     # REOPOLD's samples-to-reach within a third of OPD's: |S_REOPOLD / S_OPD - 1| <= 1/3 (a ratio in
     # [0.75, 1.5]). Identical curves give true; a 3x gain (the paper reports up to 12x) gives false.
     out["within_one_third"] = bool(ratio > 0 and abs(1 / ratio - 1) <= ONE_THIRD + 1e-12)
-    out["direction"] = "confirmed" if lo > 1 else "refuted" if hi < 1 else "within noise"
+    out["direction"] = _direction(lo, hi, min(len(curves["reopold"]), len(curves["opd"])))
     return out
 
 
