@@ -38,6 +38,7 @@ class GenerationResult:
     drafted_by_position: list[int] = field(default_factory=list)  # passes in which slot k was drafted
     accepted_by_position: list[int] = field(default_factory=list)  # ... and accepted
     prefill_time: float = 0.0
+    cached_prompt_tokens: int = 0  # prompt tokens the prefill took from the target's cache (target.reused_tokens)
     draft_time: float = 0.0  # proposing and ingesting (the drafter's whole share)
     verify_time: float = 0.0  # target passes and the rejection rule
     total_time: float = 0.0
@@ -186,6 +187,7 @@ def generate(
     recording = want_features  # the sequence may still be asked for features
     next_token = int(sample(logits_to_probs(out.logits[-1], sampling), generator))
     result.prefill_time = _clock() - start
+    result.cached_prompt_tokens = target.reused_tokens
     committed = [next_token]
     if on_tokens:
         on_tokens([next_token])

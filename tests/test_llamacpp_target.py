@@ -414,7 +414,8 @@ def test_a_prefill_that_feeds_a_drafter_restores_it_where_the_kept_chunks_end(lc
     drafter = registry.build_drafter("default", lcpp)
     lcpp.prefill(first, on_features=drafter.ingest, resumable=drafter)
     assert lcpp.reused_tokens == 0  # the cells are there, but no snapshot of this drafter
-    generate(lcpp, first, drafter, max_new_tokens=6)  # a generation: it drafts, and ingests after the prompt
+    # a generation: it drafts, and ingests after the prompt; its prompt was the last prefill's
+    assert generate(lcpp, first, drafter, max_new_tokens=6).cached_prompt_tokens == len(first)
 
     passes.clear()
     drafter.reset()

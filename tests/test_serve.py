@@ -370,3 +370,41 @@ def test_an_engine_failure_fails_one_request_and_the_worker_serves_on(model_fold
     assert isinstance(served[-1], Done) and served[-1].summary.completion_tokens == 6
     assert "".join(e.text for e in served if isinstance(e, Delta)) == served[-1].summary.text
     assert finished == ["error", "length"]
+
+
+def test_a_request_that_repeats_the_last_prompt_reports_its_cached_tokens_as_openai_does():
+    """On llama.cpp a prompt the previous request prefilled runs from the cache: the summary's usage says how
+    many prompt tokens were cached (OpenAI's usage.prompt_tokens_details.cached_tokens), 0 the first time."""
+    if os.environ.get("HYFLASH_SKIP_REAL_MODEL"):
+        pytest.skip("HYFLASH_SKIP_REAL_MODEL is set")
+    from conftest import import_llama_cpp
+
+    import_llama_cpp()
+    from hyflash.serve.metrics import ServerMetrics
+    from hyflash.targets.llamacpp import LlamaCppTarget
+
+    target = LlamaCppTarget.load("smollm2-135m", n_threads=1)
+    metrics = ServerMetrics()
+    worker = EngineWorker(target, on_finish=metrics.finished)
+    prompt = target.encode_prompt("Say hello in three languages.")
+    request = GenerationRequest(prompt, 4, SamplingConfig(), seed=0)
+
+    async def done(job) -> Done:
+        while True:
+            event = await asyncio.wait_for(job.events.get(), timeout=REQUEST_TIMEOUT_S)
+            if isinstance(event, (Done, Failed)):
+                return event
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        worker.start()
+        try:
+            return [await done(worker.submit(request, loop)) for _ in range(2)]
+        finally:
+            worker.stop()
+
+    first, second = asyncio.run(run())
+    assert first.summary.usage()["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert second.summary.usage()["prompt_tokens_details"] == {"cached_tokens": len(prompt)}
+    assert second.summary.text == first.summary.text
+    assert f"hyflash_cached_prompt_tokens_total {float(len(prompt))}" in metrics.render().decode()

@@ -63,10 +63,12 @@ class Summary:
     time_to_first_token: float  # seconds from the engine taking the job to the first committed token
     queue_seconds: float
     policy: dict = field(default_factory=dict)
+    cached_prompt_tokens: int = 0  # prompt tokens taken from the cache of the request before (llama.cpp)
 
     def usage(self) -> dict:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens}
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_prompt_tokens}}
 
     def extension(self) -> dict:
         return {"tau": round(self.tau, 4), "decode_tokens_per_second": round(self.decode_tokens_per_second, 2),
@@ -307,6 +309,7 @@ class EngineWorker:
             finish_reason=reason, tau=progress.tau, decode_tokens_per_second=progress.decode_rate,
             time_to_first_token=progress.first - started, queue_seconds=started - job.enqueued,
             policy=policy.stats() if self.drafter is not None and policy is not None else {},
+            cached_prompt_tokens=self.target.reused_tokens,
         )
         self._on_finish(reason, summary)
         job.emit(Done(summary))

@@ -224,6 +224,10 @@ class BaseTarget(ABC):
     def kv_bytes(self) -> int:
         """Bytes the key/value cache holds for the cached tokens (measured from the cache, not computed)."""
 
+    # Prompt tokens the last prefill took from the cache instead of running them (llama.cpp keeps a prompt's
+    # cached chunks for the next prefill; a backend that reuses none leaves this 0).
+    reused_tokens: int = 0
+
     @abstractmethod
     def prefill(self, ids, features: bool = True, feature_free: bool = False, on_features=None,
                 resumable=None) -> TargetOutput:
