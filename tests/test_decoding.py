@@ -136,3 +136,58 @@ def test_prefill_keeps_one_logits_row_and_chunks_exactly(llama_target, gemma_tar
         torch.testing.assert_close(chunked.features, whole.features, atol=1e-5, rtol=1e-5)
         assert chunked.features.shape[0] == len(prompt)
         torch.testing.assert_close(next_chunked.logits, next_whole.logits, atol=1e-5, rtol=1e-5)
+
+
+def test_a_transformers_prefill_keeps_the_last_prompts_whole_chunks_bit_for_bit(llama_target, gemma_target,
+                                                                               monkeypatch):
+    """The transformers target keeps the whole chunks a prompt shares with its last prefill: a longer prompt runs
+    only its new chunks, as the very passes a fresh prefill would run, with a fresh prefill's logits, next pass
+    and drafter state (the drafter restored to its snapshot), bit for bit; the same prompt again runs nothing.
+    Gemma-3's sliding-window layers keep only their window: it reuses nothing."""
+    from drafters_for_tests import same_state
+    from hyflash.drafters.hybrid import HybridDrafter
+    from hyflash.drafters.state import DrafterState
+    from test_drafter_model import make
+
+    target = llama_target
+    passes: list[tuple[int, int]] = []
+    real_forward = target._forward
+
+    def spy(ids, features, last_logits_only=False, **tree):
+        passes.append((target.cache_length, len(ids)))
+        return real_forward(ids, features, last_logits_only, **tree)
+
+    monkeypatch.setattr(target, "_forward", spy)
+    prompt = torch.randint(0, 90, (30,), generator=torch.Generator().manual_seed(3))
+    first, longer, nxt = prompt[:20], prompt[:27], prompt[27:30]
+    model = make(target, dtype=torch.float32, copy_ngram=2)
+    fresh = HybridDrafter(DrafterState(model))
+    target.reset()
+    want = target.prefill(longer, on_features=fresh.ingest, chunk=8).logits
+    fresh_passes, want_state = list(passes), fresh.snapshot()
+    want_next = target.score(nxt, features=False).logits
+    assert fresh_passes == [(0, 8), (8, 8), (16, 8), (24, 3)]
+
+    drafter = HybridDrafter(DrafterState(model))
+    target.prefill(first, on_features=drafter.ingest, resumable=drafter, chunk=8)
+    target.score(torch.tensor([5, 6, 7]), features=True)  # a generation's passes after the prompt
+    target.rollback(21)
+    passes.clear()
+    drafter.reset()
+    got = target.prefill(longer, on_features=drafter.ingest, resumable=drafter, chunk=8).logits
+    assert target.reused_tokens == 16 and passes == fresh_passes[2:]
+    assert torch.equal(got, want) and same_state(drafter.snapshot(), want_state)
+    assert torch.equal(target.score(nxt, features=False).logits, want_next)
+
+    passes.clear()
+    drafter.reset()
+    again = target.prefill(longer, on_features=drafter.ingest, resumable=drafter, chunk=8).logits
+    assert target.reused_tokens == len(longer) and passes == [] and target.cache_length == len(longer)
+    assert torch.equal(again, want) and same_state(drafter.snapshot(), want_state)
+    assert torch.equal(target.prefill(longer, features=False, chunk=8).logits, want) and passes == []
+    target.prefill(longer, features=False, chunk=5)  # another chunking: nothing kept
+    assert target.reused_tokens == 0
+
+    gemma_target.prefill(longer, features=False, chunk=8)
+    gemma_target.prefill(longer, features=False, chunk=8)
+    assert gemma_target.reused_tokens == 0

@@ -52,6 +52,7 @@ class ReplayTarget:
         self.eos_token_ids: set[int] = set()
         self.tokenizer = None
         self.cache_length = 0
+        self.reused_tokens = 0  # a replay keeps no prompt between generations
 
     def prefill(self, prompt, on_features=None, features=True, feature_free=False, resumable=None) -> TargetOutput:
         n = len(prompt)

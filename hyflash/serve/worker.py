@@ -63,7 +63,7 @@ class Summary:
     time_to_first_token: float  # seconds from the engine taking the job to the first committed token
     queue_seconds: float
     policy: dict = field(default_factory=dict)
-    cached_prompt_tokens: int = 0  # prompt tokens taken from the cache of the request before (llama.cpp)
+    cached_prompt_tokens: int = 0  # prompt tokens taken from the cache of the request before
 
     def usage(self) -> dict:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,

@@ -224,22 +224,23 @@ class BaseTarget(ABC):
     def kv_bytes(self) -> int:
         """Bytes the key/value cache holds for the cached tokens (measured from the cache, not computed)."""
 
-    # Prompt tokens the last prefill took from the cache instead of running them (llama.cpp keeps a prompt's
-    # cached chunks for the next prefill; a backend that reuses none leaves this 0).
+    # Prompt tokens the last prefill took from the cache instead of running them (targets/prefill_reuse.py; a
+    # backend that reuses none leaves this 0).
     reused_tokens: int = 0
 
     @abstractmethod
     def prefill(self, ids, features: bool = True, feature_free: bool = False, on_features=None,
                 resumable=None) -> TargetOutput:
-        """Start a new sequence: reset the cache, run the prompt; last position's logits, every feature.
+        """Start a new sequence: run the prompt (the cache's other cells dropped); last position's logits,
+        every feature.
         feature_free: no pass of this sequence will ask for features, so a backend may run it without its
         feature machinery (llama.cpp: a context without the eval callback); then none may ask.
         on_features(tokens, features): called with each piece of the prompt in order as the backend runs it
         (implies features=True); the features are then not returned, so a long prompt's features are never
         all held at once (a drafter ingests them as they come).
         resumable: the drafter on_features feeds, which a backend that keeps a prompt's passes for the next
-        prefill (llama.cpp) may snapshot and restore (Drafter.snapshot) instead of feeding it the kept part
-        again; others ignore it."""
+        prefill (targets/prefill_reuse.py) may snapshot and restore (Drafter.snapshot) instead of feeding it the
+        kept part again; others ignore it."""
 
     @abstractmethod
     def score(self, ids, features: bool = True, tree=None) -> TargetOutput:

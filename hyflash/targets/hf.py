@@ -35,6 +35,7 @@ from hyflash.targets.base import (
     default_feature_layers,
 )
 from hyflash.targets.growing_cache import growing_cache
+from hyflash.targets.prefill_reuse import PrefillRecord, begin_prefill
 
 PREFILL_CHUNK = 2048  # prompt tokens per prefill pass: bounds activation memory for long prompts
 # glibc's malloc: mallopt's parameters, and the threshold below which (by default, once large blocks have been
@@ -199,6 +200,9 @@ class HFTarget(BaseTarget):
         self._check_feature_layers()
         self.eos_token_ids = self._eos_ids()
         self.cache = growing_cache()
+        self._prefilled: PrefillRecord | None = None  # the cache's last prefill (targets/prefill_reuse.py)
+        # A sliding-window layer keeps only its window, so an earlier prompt's cells cannot be kept (Gemma-3).
+        self._reuses_prompts = "sliding_attention" not in (getattr(text_config, "layer_types", None) or [])
 
     @classmethod
     def load(
@@ -257,6 +261,7 @@ class HFTarget(BaseTarget):
 
     def reset(self) -> None:
         self.cache = growing_cache()
+        self._prefilled = None
 
     def kv_bytes(self) -> int:
         """Every tensor of every cache layer."""
@@ -270,7 +275,7 @@ class HFTarget(BaseTarget):
     @torch.inference_mode()
     def prefill(self, ids, features: bool = True, feature_free: bool = False, on_features=None,
                 resumable=None, chunk: int = PREFILL_CHUNK) -> TargetOutput:
-        """Start a new sequence: reset the cache and run the prompt, `chunk` tokens per pass.
+        """Start a new sequence: run the prompt, `chunk` tokens per pass.
 
         Only the last position's logits are returned ([1, V]): nothing reads the others, and for a long prompt
         they would be most of the memory (7.5k positions x 49k vocabulary x 4 bytes = 1.5 GB for SmolLM2).
@@ -278,23 +283,33 @@ class HFTarget(BaseTarget):
         each chunk's copied into one tensor as it comes (gathering the chunks' and concatenating them would hold
         the prompt's features twice: 2 x 86 MB for 7.5k SmolLM2 positions in fp32), or handed to `on_features`
         chunk by chunk and not returned (see BaseTarget.prefill).
+        The whole chunks the prompt shares with the last prefill are kept, not run again, with a drafter fed
+        the features restored to its snapshot there (targets/prefill_reuse.py; `reused_tokens` says how many):
+        the same prompt again costs nothing, a prompt longer than a chunk that extends the last one only its new
+        chunks, and the logits are a fresh prefill's bit for bit.
         """
-        self.reset()
         ids = torch.as_tensor(ids, dtype=torch.long, device=self.device)
         length = ids.shape[-1]
         self.check_prompt_length(length)
         features = features or on_features is not None
-        feats = None
+        keep, record, logits = begin_prefill(
+            self._prefilled, [int(i) for i in ids.view(-1).tolist()], chunk, features, on_features, resumable,
+            self.rollback, self.reset, reusable=self._reuses_prompts)
+        self.reused_tokens, feats = keep, None
         if features and on_features is None:
             feats = torch.empty(length, len(self.feature_layers), self.hidden_size, dtype=self.dtype, device=self.device)
         with large_blocks_mapped():
-            for i in range(0, length, chunk):
+            for i in range(keep, length, chunk):
                 part = self._forward(ids[i : i + chunk], features, last_logits_only=True)
+                logits = part.logits
                 if on_features is not None:
                     on_features(ids[i : i + chunk], part.features)
                 elif features:
                     feats[i : i + chunk] = part.features
-        return TargetOutput(logits=part.logits, features=feats)
+                record.after_chunk(min(i + chunk, length), resumable)
+        record.logits = logits[-1:].clone()
+        self._prefilled = record
+        return TargetOutput(logits=logits[-1:], features=feats)
 
     @torch.inference_mode()
     def score(self, ids, features: bool = True, tree=None) -> TargetOutput:
@@ -325,6 +340,8 @@ class HFTarget(BaseTarget):
 
     def _keep_entries(self, start: int, kept: list[int]) -> None:
         """Compact every layer's cached keys/values to [0, start) + the kept block entries."""
+        if self._prefilled is not None:
+            self._prefilled.cut(start)
         index = torch.tensor(kept, device=self.device) + start
         for layer in self.cache.layers:
             if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
@@ -338,6 +355,8 @@ class HFTarget(BaseTarget):
         current = self.cache_length
         if length < current:
             self.cache.crop(length - current)  # transformers 5: a negative count removes that many tokens
+            if self._prefilled is not None:
+                self._prefilled.cut(length)
 
     def _forward(self, ids: torch.Tensor, features: bool, last_logits_only: bool = False, **tree) -> TargetOutput:
         # Hooks keep only the feature layers (output_hidden_states would keep all of them).

@@ -13,7 +13,7 @@ How, with public calls only:
   - a prefill reuses the cells of the context's last prefill, in whole BATCH chunks, where the new prompt starts
     with the same tokens (the same prompt again, a chat's next turn): every pass it then runs is one a fresh
     prefill would run, on the same cells, so the numbers are a fresh prefill's on any file; a drafter fed the
-    prompt's features is restored to its snapshot where the kept chunks end (`_Prefilled`);
+    prompt's features is restored to its snapshot where the kept chunks end (`targets/prefill_reuse.py`);
   - a draft tree is one batch: each node carries the sequence ids of every root-to-leaf path through it
     (leaf j is sequence 1 + j, given a copy of the verified text first) at position = its depth, so llama.cpp's
     own causal-per-sequence mask is the ancestor mask. Keeping the accepted path relabels its cells to
@@ -30,8 +30,7 @@ from __future__ import annotations
 import ctypes
 import math
 import time
-import weakref
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +60,7 @@ from hyflash.targets.llamacpp_build import (
     two_by_two_kernels,
 )
 from hyflash.targets.llamacpp_settings import searched_options
+from hyflash.targets.prefill_reuse import PrefillRecord, begin_prefill
 
 DEFAULT_N_CTX = 8192  # enough for every bench context; a model trained on less gets its own
 BATCH = 512  # tokens per llama_decode call (prefill chunk), also the physical ubatch
@@ -145,48 +145,6 @@ class _TreeBlock:
         seqs = [tuple(1 + j for j, leaf in enumerate(leaves) if ancestors[leaf, i]) for i in range(len(offsets))]
         positions = [start + int(d) for d in offsets.tolist()]
         return cls(start, positions, seqs, [1 + j for j in range(len(leaves))])
-
-
-@dataclass
-class _Prefilled:
-    """What a context's cache holds of its last prefill: the prompt's first len(ids) cells, computed by the
-    prefill's BATCH-token chunks from position 0, its last position's logits (None once a rollback cut into the
-    prompt) and, where a drafter ingested the prompt's features (`resumable`), that drafter's snapshots at the
-    prompt's last whole chunk and at its end. A later prefill of a prompt that starts with the same tokens keeps
-    the whole chunks they share (with features: up to a snapshot, which the drafter is restored to) and runs the
-    rest chunk by chunk from there: the very passes a fresh prefill would run, so the logits are bit for bit a
-    fresh prefill's even where a pass's numbers depend on its length (K-quants). Cells a generation added (its
-    passes were not a prefill's chunks) are never reused."""
-
-    ids: list[int]
-    logits: torch.Tensor | None
-    owner: weakref.ref | None = None  # the drafter the snapshots are of
-    snapshots: dict[int, dict] = field(default_factory=dict)  # position -> the drafter's state there
-
-    def reusable(self, ids: list[int]) -> int:
-        """How many leading cells a prefill of `ids` may keep: the shared tokens in whole chunks, and never the
-        last token, whose logits the prefill must give (unless the whole prompt is this one, logits kept)."""
-        if ids == self.ids and self.logits is not None:
-            return len(ids)
-        shared = 0
-        for a, b in zip(self.ids, ids):
-            if a != b:
-                break
-            shared += 1
-        return min(shared, len(ids) - 1) // BATCH * BATCH
-
-    def resume_point(self, cells: int, drafter) -> int:
-        """The most cells a prefill that feeds `drafter` the prompt's features may keep: a position up to
-        `cells` where this record holds a snapshot of that very drafter (0: none)."""
-        if self.owner is None or self.owner() is not drafter:
-            return 0
-        return max((p for p in self.snapshots if p <= cells), default=0)
-
-    def cut(self, length: int) -> None:
-        """The cache keeps only its first `length` cells."""
-        if length < len(self.ids):
-            self.ids, self.logits = self.ids[:length], None
-            self.snapshots = {p: s for p, s in self.snapshots.items() if p <= length}
 
 
 def _hf_tokenizer(name: str, folder: Path, gguf_file: str):
@@ -306,7 +264,7 @@ class LlamaCppTarget(BaseTarget):
         self._mem = llama_cpp.llama_get_memory(self._ctx)
         self._batch = llama_cpp.llama_batch_init(BATCH, 0, TREE_LEAVES)
         self._length = 0
-        self._prefilled: dict[bool, _Prefilled] = {}  # per context (in the feature one?): its last prefill
+        self._prefilled: dict[bool, PrefillRecord] = {}  # per context (in the feature one?): its last prefill
         self.reused_tokens = 0  # prompt tokens the last prefill took from the cache instead of running
         self._junk = 0  # cells of rejected tree nodes still held (in JUNK_SEQ)
         self._tree: _TreeBlock | None = None  # the last scored tree block, until keep() resolves it
@@ -527,7 +485,7 @@ class LlamaCppTarget(BaseTarget):
         or each batch's handed to `on_features` (see BaseTarget.prefill).
         A feature_free sequence runs in the context without the eval callback (`_use_context`); asking it for
         features is refused by `_decode`.
-        A prefill keeps the whole chunks its prompt shares with the context's last prefill (`_Prefilled`;
+        A prefill keeps the whole chunks its prompt shares with the context's last prefill (`prefill_reuse`;
         `reused_tokens` says how many tokens): the same prompt again costs nothing, a chat's next turn only
         its new chunks, and the logits are a fresh prefill's bit for bit. One that wants features keeps cells
         only where `resumable` (the drafter `on_features` feeds) can be restored to its state there: the kept
@@ -537,29 +495,10 @@ class LlamaCppTarget(BaseTarget):
         self._use_context(feature_free)
         ids = [int(i) for i in torch.as_tensor(ids).view(-1).tolist()]
         self.check_prompt_length(len(ids))
-        last_prefill = self._prefilled.get(self._in_feature_ctx)
-        keep = 0 if last_prefill is None or self._tree is not None else last_prefill.reusable(ids)
-        if features:
-            resumable = resumable if on_features is not None else None  # the kept chunks' features are gone
-            keep = 0 if not keep or resumable is None else last_prefill.resume_point(keep, resumable)
-        if keep:
-            # Every cell from `keep` on goes (the verified text's, a tree's leaves', the junk): the chunks run
-            # next take cells keep.. in order, as in a fresh prefill.
-            llama_cpp.llama_memory_seq_rm(self._mem, -1, keep, -1)
-            self._length, self._junk = keep, 0
-            last_prefill.cut(keep)  # true of the cache now, should a pass below fail
-            if features:
-                resumable.restore(last_prefill.snapshots[keep])
-        else:
-            self.reset()
-        self.reused_tokens = keep
-        record = _Prefilled(ids, None)
-        if features and resumable is not None:  # snapshots at the last whole chunk and at the end
-            record.owner = weakref.ref(resumable)
-            # (the kept ones still stand for this prompt: a snapshot is never changed once taken)
-            record.snapshots = {p: snap for p, snap in last_prefill.snapshots.items()
-                                if p in self._resume_at(ids)} if keep else {}
-        feats, logits = [], None if keep < len(ids) else last_prefill.logits
+        keep, record, logits = begin_prefill(
+            self._prefilled.get(self._in_feature_ctx), ids, BATCH, features, on_features, resumable,
+            self._keep_prompt_cells, self.reset, reusable=self._tree is None)
+        self.reused_tokens, feats = keep, []
         for start in range(keep, len(ids), BATCH):
             chunk = ids[start : start + BATCH]
             last = start + len(chunk) == len(ids)
@@ -569,19 +508,16 @@ class LlamaCppTarget(BaseTarget):
                 on_features(torch.tensor(chunk, dtype=torch.long), f)
             else:
                 feats.append(f)
-            if record.owner is not None and start + len(chunk) in self._resume_at(ids):
-                snapshot = resumable.snapshot()
-                if snapshot is not None:
-                    record.snapshots[start + len(chunk)] = snapshot
+            record.after_chunk(start + len(chunk), resumable)
         record.logits = logits[-1:].clone()
         self._prefilled[self._in_feature_ctx] = record
         return TargetOutput(logits=logits[-1:], features=torch.cat(feats) if features and feats else None)
 
-    @staticmethod
-    def _resume_at(ids: list[int]) -> tuple[int, ...]:
-        """Where a prefill snapshots its drafter: after the prompt's last whole chunk (where a chat's next turn
-        or a longer prompt resumes) and at its end (the same prompt again)."""
-        return (len(ids) // BATCH * BATCH, len(ids))
+    def _keep_prompt_cells(self, keep: int) -> None:
+        """Drop every cell from `keep` on (the verified text's, a tree's leaves', the junk): the chunks a prefill
+        runs next take cells keep.. in order, as in a fresh prefill."""
+        llama_cpp.llama_memory_seq_rm(self._mem, -1, keep, -1)
+        self._length, self._junk = keep, 0
 
     @torch.inference_mode()
     def score(self, ids, features: bool = True, tree=None) -> TargetOutput:
