@@ -343,6 +343,14 @@ def test_summary_fields_and_verdict_on_synthetic_runs(tmp_path):
         assert pairs[pair]["ratio_censored"] == pytest.approx(XS[-1] / reached)
         low, high = pairs[pair]["ci_censored"]
         assert 1 < low <= pairs[pair]["ratio_censored"] <= high < math.inf
+    # at GRPO's own final accuracy (0.35, half of OPD's gain): GRPO took all 2,048 samples, REOPOLD (three times
+    # OPD's pace) a sixth of them, OPD half
+    at_final = {pair: pairs[pair]["at_baseline_final"] for pair in ("reopold_vs_grpo", "opd_vs_grpo")}
+    assert at_final["reopold_vs_grpo"]["level"] == pytest.approx(0.35, abs=1e-9)
+    assert at_final["reopold_vs_grpo"]["ratio"] == pytest.approx(6.0, rel=0.02)
+    assert at_final["opd_vs_grpo"]["ratio"] == pytest.approx(2.0, rel=0.02)
+    for at in at_final.values():
+        assert at["ci"][0] < at["ratio"] < at["ci"][1] and at["direction"] == "confirmed"
     assert pairs["reopold_vs_opd"]["censored"] is None
     assert pairs["reopold_vs_opd"]["ratio_censored"] == pytest.approx(pairs["reopold_vs_opd"]["ratio"])
     table = results_table(summary)  # the page's table: one row per method, the interval to two decimals
@@ -350,7 +358,7 @@ def test_summary_fields_and_verdict_on_synthetic_runs(tmp_path):
     censored = pairs["reopold_vs_grpo"]
     assert (f"| reopold vs grpo (samples of grpo / samples of reopold) | ∞ [∞, ∞] | "
             f"≥ {censored['ratio_censored']:.2f} [{censored['ci_censored'][0]:.2f}, {censored['ci_censored'][1]:.2f}] "
-            f"| confirmed |") in table
+            f"| confirmed | {at_final['reopold_vs_grpo']['ratio']:.2f} ") in table
     assert f"CI [{lo:.2f}, {hi:.2f}]" in table and "bar met: True" in table
     # a run where no level was reached (as the tiny scale gives) records no ratio, and the page still renders
     undecided = dict(summary, reach=dict(summary["reach"], reopold_vs_opd=None), samples_to_reach_ratio=None)

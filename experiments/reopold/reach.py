@@ -15,6 +15,15 @@ compared with OPD?
   comes from resampling seeds with replacement within each method and recomputing everything, level
   included. The same holds for the pairs in PAIRS (e.g. REOPOLD vs GRPO = samples_GRPO / samples_REOPOLD at
   the same level), whose ratios come from the same resamples.
+- A baseline that never reaches the level within the run's samples makes its ratio unbounded (∞), which says
+  nothing of how large it is. Each pair therefore also reports the ratio *censored at the budget*: a curve that
+  never reaches the level is counted as reaching it at the last evaluated sample. Where only the baseline is
+  censored this is a lower bound on the ratio ("at least"), and its bootstrap interval's lower end a
+  conservative lower confidence bound.
+- Each pair also reads the ratio at the **baseline's own final accuracy** (`at_baseline_final`): the samples the
+  baseline took to get there over those the method needs to match it, the kind of "N times fewer samples than
+  RL" the paper reports, defined wherever the baseline improved over the start beyond noise (a baseline that
+  gains a fraction of OPD's never reaches the 90 % level).
 """
 
 from __future__ import annotations
@@ -140,7 +149,8 @@ def compare(
                     direction=None, note="OPD did not improve over the warm start, so no level to reach is defined")
     level = reach_level(start, opd_final, config.level_fraction)
     point = {m: samples_to_reach(samples, s, level) for m, s in smoothed.items()}
-    resamples = _bootstrap(samples, curves, config)
+    means = _resampled_means(curves, config)
+    resamples = _bootstrap(samples, means, config.level_fraction)
 
     def boot(method: str, baseline: str) -> list[float]:
         return [math.nan if r is None else _ratio(r[baseline], r[method]) for r in resamples]
@@ -171,6 +181,8 @@ def compare(
                                        "censored_at": budget, "censored": _censoring(point[base], point[m]),
                                        "ratio_censored": _json(_censored(point[base], point[m], budget)),
                                        "ci_censored": [_json(x) for x in _interval(censored, config.confidence)]}
+            pairs[f"{m}_vs_{base}"]["at_baseline_final"] = _at_final(
+                samples, smoothed, means, m, base, eval_size, min(len(curves[m]), len(curves[base])), config)
     out.update(level=level, methods=methods, pairs=pairs)
     reo = methods.get("reopold")
     if reo is None:
@@ -185,21 +197,49 @@ def compare(
     return out
 
 
-def _bootstrap(
-    samples: list[float], curves: dict[str, list[list[float]]], config: ReachConfig
-) -> list[dict[str, float | None] | None]:
-    """Per resample of seeds (with replacement, per method), every method's samples-to-reach at that
-    resample's level (None = never reached); None for a resample where OPD gained nothing (no level)."""
+def _at_final(samples: list[float], smoothed: dict[str, list[float]], means: list[dict[str, list[float]]],
+              method: str, baseline: str, eval_size: int, seeds: int, config: ReachConfig) -> dict:
+    """The pair's samples-to-reach ratio at the baseline's final accuracy, with its bootstrap interval (None
+    where the baseline did not improve over the start beyond noise: there is nothing of its to match)."""
+    level = smoothed[baseline][-1]
+    if not improved_over_start(smoothed[baseline][0], level, eval_size):
+        return {"level": level, "ratio": None, "ci": [None, None], "direction": None,
+                "note": f"{baseline} did not improve over the warm start beyond noise"}
+    ratio = at_baseline_final(samples, smoothed, method, baseline)
+    lo, hi = _interval([at_baseline_final(samples, m, method, baseline) for m in means], config.confidence)
+    return {"level": level, "ratio": _json(ratio), "ratio_unbounded": bool(math.isinf(ratio)),
+            "ci": [_json(lo), _json(hi)], "ci_upper_unbounded": bool(math.isinf(hi)),
+            "direction": _direction(lo, hi, seeds)}
+
+
+def _resampled_means(curves: dict[str, list[list[float]]], config: ReachConfig) -> list[dict[str, list[float]]]:
+    """Per resample of seeds (with replacement, per method), every method's smoothed seed-mean curve."""
     rng = np.random.default_rng(config.seed)
     arrays = {m: np.asarray(c, dtype=float) for m, c in curves.items()}
+    return [{m: smooth(list(a[rng.integers(0, len(a), len(a))].mean(axis=0)), config.window)
+             for m, a in arrays.items()} for _ in range(config.bootstrap)]
+
+
+def _bootstrap(samples: list[float], means: list[dict[str, list[float]]],
+               fraction: float) -> list[dict[str, float | None] | None]:
+    """Per resample, every method's samples-to-reach at that resample's level (None = never reached); None for a
+    resample where OPD gained nothing (no level)."""
     out: list[dict[str, float | None] | None] = []
-    for _ in range(config.bootstrap):
-        means = {m: smooth(list(a[rng.integers(0, len(a), len(a))].mean(axis=0)), config.window)
-                 for m, a in arrays.items()}
-        start, final = means["opd"][0], means["opd"][-1]
+    for mean in means:
+        start, final = mean["opd"][0], mean["opd"][-1]
         if final <= start:
             out.append(None)
             continue
-        level = reach_level(start, final, config.level_fraction)
-        out.append({m: samples_to_reach(samples, means[m], level) for m in curves})
+        level = reach_level(start, final, fraction)
+        out.append({m: samples_to_reach(samples, mean[m], level) for m in mean})
     return out
+
+
+def at_baseline_final(samples: list[float], mean: dict[str, list[float]], method: str, baseline: str) -> float:
+    """samples_baseline / samples_method to reach the baseline's own final (smoothed) accuracy: how many times
+    fewer samples the method needs to do what the baseline did with its whole run (the paper's kind of "N times
+    fewer samples than RL"). nan where the baseline ended no higher than it started."""
+    level = mean[baseline][-1]
+    if level <= mean[baseline][0]:
+        return math.nan
+    return _ratio(samples_to_reach(samples, mean[baseline], level), samples_to_reach(samples, mean[method], level))

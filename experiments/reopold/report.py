@@ -157,6 +157,14 @@ def _censored_cell(pair: dict) -> str:
     return f"{sign}{_fmt(pair['ratio_censored'], 2)} {_ci(*pair['ci_censored'])}"
 
 
+def _at_final_cell(at: dict | None) -> str:
+    """A pair's ratio at the baseline's final accuracy (and that accuracy), or why there is none."""
+    if not at or at.get("ratio") is None and not at.get("ratio_unbounded"):
+        return "—" if not at else f"— ({at.get('note', 'undefined')})"
+    ratio = "∞" if at.get("ratio_unbounded") else _fmt(at["ratio"], 2)
+    return f"{ratio} {_ci(*at['ci'], at.get('ci_upper_unbounded', False))} at {_fmt(at['level'])}"
+
+
 def results_table(summary: dict) -> str:
     """The markdown table for docs/reopold.md: one row per method."""
     reach = summary["reach"].get("methods", {})
@@ -180,14 +188,16 @@ def results_table(summary: dict) -> str:
                f"{_fmt(summary['samples_to_reach_ratio'], 2)}, CI {reo_ci}; "
                f"within_one_third: {summary['within_one_third']}; direction: {summary['direction']}; "
                f"OPD improved over start: {summary['opd_improved_over_start']}; bar met: {summary['bar']['met']}.")
-    pairs = ["| comparison | samples-to-reach ratio [95% CI] | censored at the budget [95% CI] | direction |",
-             "| --- | --- | --- | --- |"]
+    pairs = ["| comparison | samples-to-reach ratio [95% CI] | censored at the budget [95% CI] | direction | "
+             "at the baseline's final accuracy [95% CI] | direction there |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for name, pair in summary.get("pairs", {}).items():
         method, baseline = name.split("_vs_")
         ratio = "∞" if pair["ratio_unbounded"] else _fmt(pair["ratio"], 2)
         pairs.append(f"| {method} vs {baseline} (samples of {baseline} / samples of {method}) | {ratio} "
                      f"{_ci(*pair['ci'], pair['ci_upper_unbounded'])} | {_censored_cell(pair)} | "
-                     f"{pair['direction']} |")
+                     f"{pair['direction']} | {_at_final_cell(pair.get('at_baseline_final'))} | "
+                     f"{(pair.get('at_baseline_final') or {}).get('direction') or '—'} |")
     head = (f"Teacher {_fmt(summary['teacher_accuracy'])}, warm start {_fmt(summary['start_accuracy'])} "
             f"({summary['student_layers']} layers), {summary['eval_size']} test problems, "
             f"{summary['samples_per_run']} samples per run.")
