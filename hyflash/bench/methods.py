@@ -50,6 +50,7 @@ class PromptRun:
     prefill_time: float
     decode_time: float
     decode_times: list[float] = field(default_factory=list)  # each timing, with --repeats (decode_time: the median)
+    cached_prompt_tokens: int = 0  # prompt tokens the prefill took from the cache (a repeat, or the method before)
     draft_time: float = 0.0
     verify_time: float = 0.0
     drafted_by_position: list[int] = field(default_factory=list)
@@ -141,6 +142,7 @@ class LoopMethod(Method):
             committed_after_prefill=sum(result.committed_per_pass),
             prefill_time=result.prefill_time,
             decode_time=result.total_time - result.prefill_time,
+            cached_prompt_tokens=result.cached_prompt_tokens,
             draft_time=result.draft_time,
             verify_time=result.verify_time,
             drafted_by_position=list(result.drafted_by_position),
