@@ -330,7 +330,7 @@ class SpeculationPolicy:
         tokens = self.context - self.start_context + self.config.loss_budget_start_tokens
         return self.config.loss_budget * tokens * self._plain_step_ms(self.context)
 
-    def affordable_length(self, pass_cost, limit: int, context: int) -> int:
+    def affordable_length(self, pass_cost, limit: int) -> int:
         """The most drafts a step may verify so that, were every one rejected, speculation's loss would stay within
         the guard's budget: the pass of k + 1 tokens that commits a single token loses c(k + 1) - c(1) against a
         plain step. Without this bound one rejected 7-token draft on llama.cpp (c(8) ~4.3 steps on 2 cores) lost
@@ -371,7 +371,7 @@ class SpeculationPolicy:
         pass_cost = self._costs_at(context)
         best, best_k, best_rate = None, 0, 1.0 / pass_cost(1)
         expensive_rate = 0.0  # the best rate an expensive draft gives once its drafting time is counted
-        longest = self.affordable_length(pass_cost, max((len(d.tokens) for d in candidates), default=0), context)
+        longest = self.affordable_length(pass_cost, max((len(d.tokens) for d in candidates), default=0))
         gains = [self._gains(draft) for draft in candidates]
         for draft, draft_gains in zip(candidates, gains):
             for k, gain in enumerate(draft_gains[1 : longest + 1], start=1):
@@ -432,7 +432,7 @@ class SpeculationPolicy:
             p = min(1.0, max(p, chain_tokens.get((depth - 1, tok), 0.0)))
             value.append(p * (1.0 if parent == -1 else value[parent]))
             cum.append(cum[-1] + value[-1])
-        longest = self.affordable_length(pass_cost, len(tree), context)  # a tree of m nodes is a pass of m + 1 tokens
+        longest = self.affordable_length(pass_cost, len(tree))  # a tree of m nodes is a pass of m + 1 tokens
         if self.config.tree > 0:
             n = longest
         else:

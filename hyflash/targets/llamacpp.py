@@ -265,7 +265,6 @@ class LlamaCppTarget(BaseTarget):
         self._batch = llama_cpp.llama_batch_init(BATCH, 0, TREE_LEAVES)
         self._length = 0
         self._prefilled: dict[bool, PrefillRecord] = {}  # per context (in the feature one?): its last prefill
-        self.reused_tokens = 0  # prompt tokens the last prefill took from the cache instead of running
         self._junk = 0  # cells of rejected tree nodes still held (in JUNK_SEQ)
         self._tree: _TreeBlock | None = None  # the last scored tree block, until keep() resolves it
         self._weights: dict[str, torch.Tensor] = {}
@@ -460,6 +459,11 @@ class LlamaCppTarget(BaseTarget):
     def _in_feature_ctx(self) -> bool:
         return self._ctx is self._feature_ctx
 
+    def _cut_prefilled(self, length: int) -> None:
+        """The context in use keeps only its first `length` cells: so does its last prefill's record."""
+        if self._in_feature_ctx in self._prefilled:
+            self._prefilled[self._in_feature_ctx].cut(length)
+
     def kv_bytes(self) -> int:
         """The size of sequence 0's cache state as llama.cpp would save it: its cells' keys and values."""
         return int(llama_cpp.llama_state_seq_get_size(self._ctx, 0))
@@ -473,8 +477,7 @@ class LlamaCppTarget(BaseTarget):
             if not llama_cpp.llama_memory_seq_rm(self._mem, 0, length, -1):
                 raise HyflashError(f"llama.cpp cannot roll {self.name}'s cache back to {length} tokens")
             self._length = length
-            if self._in_feature_ctx in self._prefilled:
-                self._prefilled[self._in_feature_ctx].cut(length)
+            self._cut_prefilled(length)
 
     @torch.inference_mode()
     def prefill(self, ids, features: bool = True, feature_free: bool = False, on_features=None,
@@ -566,8 +569,7 @@ class LlamaCppTarget(BaseTarget):
         llama_cpp.llama_memory_seq_cp(self._mem, tree.seqs[kept[-1]][0], 0, start, start + len(kept))
         for seq in tree.leaf_seqs:
             llama_cpp.llama_memory_seq_rm(self._mem, seq, -1, -1)
-        if self._in_feature_ctx in self._prefilled:
-            self._prefilled[self._in_feature_ctx].cut(start)
+        self._cut_prefilled(start)
         self._length = start + len(kept)
         self._junk += len(rejected)
 
