@@ -235,6 +235,7 @@ def test_extensions_run_at_tiny_scale(tmp_path):
     """Cross-vocabulary (a student over character pairs, the teacher over characters) and self-distillation
     (the teacher is the warm start's own later checkpoint) each run once from the experiment's own stages;
     a second invocation finds both finished and writes the same result."""
+    from experiments.reopold.extensions import extensions_table
     from experiments.reopold.extensions import main as extensions_main
     from hyflash.distill.student import load_model, same_vocabulary
 
@@ -256,8 +257,21 @@ def test_extensions_run_at_tiny_scale(tmp_path):
     warm_start = tmp_path / json.loads((tmp_path / "probe.json").read_text())["warm_start"]
     assert self_config["student"] == str(warm_start)
     assert "| cross-vocab | tiny-pairs |" in (tmp_path / "extensions.md").read_text()
+    assert (tmp_path / "extensions.png").stat().st_size > 0
+    # The comparison's REOPOLD run of the same seed, where it exists, is the table's reference row; a gain within
+    # two standard errors of one evaluation says so.
+    same_vocab = tmp_path / "runs" / "reopold-seed0"
+    same_vocab.mkdir(parents=True)
+    (same_vocab / "eval.jsonl").write_text(json.dumps({"samples": 0, "accuracy": 0.1}) + "\n"
+                                           + json.dumps({"samples": 12, "accuracy": 0.9}) + "\n")
     assert extensions_main(["--out", str(tmp_path), "--scale", "tiny", "--no-progress", "--only", "self"]) == 0
     assert json.loads((tmp_path / "extensions.json").read_text()) == result
+    table = (tmp_path / "extensions.md").read_text()
+    assert "| reference: the comparison's REOPOLD, seed 0 | the warm start |" in table
+    assert "| 0.100 → 0.900 | +0.800 |" in table
+    flat = f"| {result['self']['start_accuracy']:.3f} → {result['self']['start_accuracy']:.3f} | +0.000 (within noise) |"
+    result["self"]["final_accuracy"] = result["self"]["start_accuracy"]
+    assert flat in extensions_table(result, tmp_path, scale.eval_size)
 
 
 def test_a_stage_stopped_by_an_error_still_counts_its_time(tmp_path):

@@ -30,8 +30,9 @@ from pathlib import Path
 import torch
 
 from experiments.reopold.protocol import Experiment, tiny_model
+from experiments.reopold.reach import improved_over_start
 from experiments.reopold.scales import SCALES, get_scale
-from hyflash.distill.plots import read_jsonl
+from hyflash.distill.plots import plot_runs, read_jsonl
 from hyflash.errors import HyflashError
 from hyflash.files import atomic_write_json
 
@@ -114,8 +115,18 @@ class Extensions:
             result[name].update(lr=self.reopold_lr, method="reopold", seed=EXTENSION_SEED,
                                 samples_per_run=self.scale.samples_per_run)
             atomic_write_json(path, result)
-        (self.x.out / "extensions.md").write_text(extensions_table(result, self.x.out))
+        (self.x.out / "extensions.md").write_text(extensions_table(result, self.x.out, self.scale.eval_size))
+        self.plot(result)
         return result
+
+    def plot(self, result: dict) -> None:
+        """extensions.png: each extension's test accuracy against samples, beside the comparison's REOPOLD run of
+        the same seed (the same-vocabulary student, its own teacher) where it exists."""
+        groups = {name: [str(self.folder / name / "reopold")] for name in result}
+        same_vocab = self.x.out / "runs" / f"reopold-seed{EXTENSION_SEED}"
+        if (same_vocab / "eval.jsonl").exists():
+            groups[f"reopold (comparison, seed {EXTENSION_SEED})"] = [str(same_vocab)]
+        plot_runs(groups, str(self.x.out / "extensions.png"))
 
 
 def _curve(evals: list[dict]) -> dict:
@@ -123,14 +134,28 @@ def _curve(evals: list[dict]) -> dict:
             "start_accuracy": evals[0]["accuracy"], "final_accuracy": evals[-1]["accuracy"]}
 
 
-def extensions_table(result: dict, out: Path) -> str:
+def extensions_table(result: dict, out: Path, eval_size: int) -> str:
+    """One row per extension, and the comparison's REOPOLD run of the same seed beneath them as the reference; a
+    gain counts as one only beyond two binomial standard errors of one evaluation (`reach.improved_over_start`)."""
     teacher = json.loads((out / "teacher_eval.json").read_text())["accuracy"]
-    rows = ["| extension | student | teacher (test accuracy) | REOPOLD lr | samples | accuracy start → final |",
-            "| --- | --- | --- | --- | --- | --- |"]
+    rows = ["| run | student | teacher (test accuracy) | REOPOLD lr | samples | accuracy start → final | gain |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+
+    def row(name: str, student: str, teacher_cell: str, lr: float, samples: int, start: float, final: float) -> str:
+        beyond = improved_over_start(start, final, eval_size)
+        gain = f"{final - start:+.3f}" + ("" if beyond else " (within noise)")
+        return f"| {name} | {student} | {teacher_cell} | {lr:g} | {samples} | {start:.3f} → {final:.3f} | {gain} |"
+
     for name, r in result.items():
         t_acc = r.get("teacher_accuracy", teacher)
-        rows.append(f"| {name} | {r['student']} | {r['teacher']} ({t_acc:.3f}) | {r['lr']:g} | "
-                    f"{r['samples_per_run']} | {r['start_accuracy']:.3f} → {r['final_accuracy']:.3f} |")
+        rows.append(row(name, r["student"], f"{r['teacher']} ({t_acc:.3f})", r["lr"], r["samples_per_run"],
+                        r["start_accuracy"], r["final_accuracy"]))
+    same_vocab = read_jsonl(out / "runs" / f"reopold-seed{EXTENSION_SEED}" / "eval.jsonl")
+    if same_vocab and result:
+        r = next(iter(result.values()))
+        rows.append(row(f"reference: the comparison's REOPOLD, seed {EXTENSION_SEED}", "the warm start",
+                        f"the experiment's fine-tuned teacher ({teacher:.3f})", r["lr"], same_vocab[-1]["samples"],
+                        same_vocab[0]["accuracy"], same_vocab[-1]["accuracy"]))
     return "\n".join(rows) + "\n"
 
 
