@@ -54,7 +54,8 @@ def plot_runs(
         if n:
             xs = [e["samples"] for e in curves[0][:n]]
             mean = smooth(list(np.mean([[e["accuracy"] for e in c[:n]] for c in curves], axis=0)), smooth_window)
-            ax_acc.plot(xs, mean, color=color, lw=2.5, label=f"{method} ({len(curves)} seed{'' if len(curves) == 1 else 's'})")
+            seeds = f"{len(curves)} seed" + ("" if len(curves) == 1 else "s")
+            ax_acc.plot(xs, mean, color=color, lw=2.5, label=f"{method} ({seeds})")
     title = "Arithmetic, held-out split"
     top = max((max(line.get_ydata(), default=0.0) for line in ax_acc.get_lines()), default=0.0)
     if teacher_accuracy is not None and teacher_accuracy <= 2 * top + 0.05:
