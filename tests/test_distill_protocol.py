@@ -369,6 +369,8 @@ def test_summary_fields_and_verdict_on_synthetic_runs(tmp_path):
     assert pairs["reopold_vs_opd"]["ratio_censored"] == pytest.approx(pairs["reopold_vs_opd"]["ratio"])
     table = results_table(summary)  # the page's table: one row per method, the interval to two decimals
     assert table.count("\n| ") == 7 + 5
+    grpo_row = next(line for line in table.splitlines() if line.startswith("| grpo |"))
+    assert "| never (within the budget) | — |" in grpo_row  # not a ratio of 0 to OPD
     censored = pairs["reopold_vs_grpo"]
     assert (f"| reopold vs grpo (samples of grpo / samples of reopold) | ∞ [∞, ∞] | "
             f"≥ {censored['ratio_censored']:.2f} [{censored['ci_censored'][0]:.2f}, {censored['ci_censored'][1]:.2f}] "

@@ -176,11 +176,14 @@ def results_table(summary: dict) -> str:
         r = reach.get(method, {})
         finals = ", ".join(_fmt(a[-1]) for a in c["accuracy_per_seed"].values())
         ci = _ci(*r.get("ratio_ci", [None, None]), r.get("ci_upper_unbounded", False)) if r else ""
+        ratio = f"{_fmt(r.get('ratio_vs_opd'), 2)} {ci}"
         reach_at = _fmt(r.get("samples_to_reach"), 0) if r else "—"
+        if r and r.get("samples_to_reach") is None:  # OPD's samples over infinitely many: no ratio to print
+            reach_at, ratio = "never (within the budget)", "—"
         rows.append(
             f"| {method} | {len(c['accuracy_per_seed'])} | {lrs.get(method, '—')} | "
             f"{_fmt(c['accuracy_smoothed'][0])} → {_fmt(c['accuracy_smoothed'][-1])} | {finals} | {reach_at} | "
-            f"{_fmt(r.get('ratio_vs_opd'), 2)} {ci} | "
+            f"{ratio} | "
             f"{_fmt(c['entropy_mean'][0], 2)} → {_fmt(c['entropy_mean'][-1], 2)} |")
     reo = summary["reach"].get("reopold_vs_opd") or {}  # the source of samples_to_reach_ratio{,_ci}
     reo_ci = _ci(*(reo.get("ci") or [None, None]), reo.get("ci_upper_unbounded", False))
