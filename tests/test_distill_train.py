@@ -178,6 +178,14 @@ def test_every_method_trains_and_logs(models, tmp_path, method, monkeypatch):
     assert [e["samples"] for e in evals] == [0, 6]
 
 
+def test_every_method_has_its_own_colour_in_the_plots():
+    """A method without one is drawn in matplotlib's next colour, its seed mean in another than its seeds (the
+    GRPO runs' mean was drawn in REOPOLD's red)."""
+    from hyflash.distill.plots import COLORS
+
+    assert set(METHODS) <= set(COLORS) and len(set(COLORS.values())) == len(COLORS)
+
+
 def test_checkpoint_and_exact_resume(models, tmp_path):
     kw = dict(steps=4, updates_per_rollout=2, checkpoint_every=2, eval_every=10)
     straight = _trainer(models, _config(tmp_path / "a", "reopold", **kw))

@@ -12,7 +12,8 @@ import numpy as np
 
 from hyflash.files import read_jsonl
 
-COLORS = {"reopold": "tab:red", "opd": "tab:blue", "gkd": "tab:green", "skew-rkl": "tab:purple", "sft": "tab:gray"}
+COLORS = {"reopold": "tab:red", "opd": "tab:blue", "gkd": "tab:green", "skew-rkl": "tab:purple", "sft": "tab:gray",
+          "grpo": "tab:orange"}
 
 
 def smooth(values: list[float], window: int) -> list[float]:
