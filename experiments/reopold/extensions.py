@@ -38,6 +38,9 @@ from hyflash.files import atomic_write_json
 
 EXTENSIONS = ("cross-vocab", "self")
 EXTENSION_SEED = 0
+# The cross-vocabulary warm-up (Gemma-3-270M, its 262k-token head in every step, up to 400 steps on 2 cores)
+# saves a checkpoint every this many evaluations, so a session that ends during it loses minutes, not the warm-up.
+WARMUP_CHECKPOINT_EVALS = 4
 
 
 class Extensions:
@@ -75,10 +78,11 @@ class Extensions:
         s, x = self.scale, self.x
         base = self._cross_vocab_base()
         warm = self.folder / "cross-vocab" / "warmup"
+        eval_every = s.warmup_eval_every or max(1, s.warmup_steps // 2)
         warmup = x._config(
             method="sft", student=base, out=str(warm), steps=s.warmup_steps, batch_size=s.warmup_batch,
             lr=s.warmup_lr, seed=EXTENSION_SEED, eval_split="val", eval_size=s.val_size,
-            eval_every=s.warmup_eval_every or max(1, s.warmup_steps // 2), checkpoint_every=s.warmup_steps,
+            eval_every=eval_every, checkpoint_every=min(s.warmup_steps, WARMUP_CHECKPOINT_EVALS * eval_every),
             stop_at_accuracy=s.min_start or None,
         )
         warm_evals = x._train(warmup, prune=False)
