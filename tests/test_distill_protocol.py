@@ -274,6 +274,56 @@ def test_extensions_run_at_tiny_scale(tmp_path):
     assert flat in extensions_table(result, tmp_path, scale.eval_size)
 
 
+def _write_curve(folder: Path, samples: list[int], accuracy: list[float]) -> None:
+    folder.mkdir(parents=True)
+    (folder / "eval.jsonl").write_text("".join(json.dumps({"samples": x, "accuracy": a}) + "\n"
+                                              for x, a in zip(samples, accuracy)))
+
+
+def test_grpo_past_the_budget_reads_where_it_reaches_the_comparisons_level(tmp_path):
+    """GRPO rising linearly to the level at 4,000 samples, REOPOLD at 1,000 and OPD at 2,000 (linear curves,
+    which the centred smoothing keeps): ratios 4 and 2, and a GRPO that never gets there is unbounded."""
+    from experiments.reopold.grpo_long import reach_report, results_markdown
+
+    (tmp_path / "summary.json").write_text(json.dumps({"level": 0.5}))
+    short = [0, 500, 1000, 1500, 2000]
+    for seed, wobble in enumerate((-0.01, 0.01)):
+        _write_curve(tmp_path / "runs" / f"reopold-seed{seed}", short, [x / 2000 + wobble for x in short])
+        _write_curve(tmp_path / "runs" / f"opd-seed{seed}", short, [x / 4000 + wobble for x in short])
+        long = list(range(0, 10001, 1000))
+        _write_curve(tmp_path / "grpo-long" / f"grpo-seed{seed}", long, [x / 8000 + wobble for x in long])
+    r = reach_report(tmp_path)
+    assert r["grpo_samples_to_reach"] == pytest.approx(4000) and r["grpo_seeds"] == 2
+    assert r["ratios"]["reopold"]["ratio"] == pytest.approx(4.0) and r["ratios"]["opd"]["ratio"] == pytest.approx(2.0)
+    lo, hi = r["ratios"]["reopold"]["ci"]
+    assert lo < 4.0 < hi < 5  # the seeds' spread, from resampling both sides
+    assert "| reopold | 1,000 | 2 | 4.00 [" in results_markdown(r)
+    for seed in (0, 1):  # GRPO that stays at the start for all its samples
+        _write_curve(tmp_path / "grpo-long-flat" / f"grpo-seed{seed}", long, [0.0 for _ in long])
+    (tmp_path / "grpo-long").rename(tmp_path / "grpo-long-rising")
+    (tmp_path / "grpo-long-flat").rename(tmp_path / "grpo-long")
+    flat = reach_report(tmp_path)
+    assert flat["grpo_samples_to_reach"] is None and flat["ratios"]["opd"]["ratio_unbounded"]
+    assert "reached at **never** samples" in results_markdown(flat) and "| opd | 2,000 | 2 | ∞ [" in results_markdown(flat)
+
+
+def test_grpo_past_the_budget_runs_at_tiny_scale(tmp_path):
+    """The runs go on from the comparison's warm start and rate for twice its samples; the report says where the
+    comparison defines no level (the tiny scale's OPD may gain nothing) instead of inventing one."""
+    from experiments.reopold.grpo_long import main as grpo_long_main
+    from hyflash.files import read_jsonl
+
+    assert grpo_long_main(["--out", str(tmp_path), "--scale", "tiny", "--no-progress"]) == 2  # no comparison yet
+    assert reopold_main(["--out", str(tmp_path), "--scale", "tiny", "--no-progress"]) == 0
+    scale = get_scale("tiny")
+    rc = grpo_long_main(["--out", str(tmp_path), "--scale", "tiny", "--no-progress", "--budget", "2", "--seeds", "0"])
+    assert rc == (0 if json.loads((tmp_path / "summary.json").read_text())["level"] is not None else 2)
+    evals = read_jsonl(tmp_path / "grpo-long" / "grpo-seed0" / "eval.jsonl")
+    assert evals[-1]["samples"] == 2 * scale.samples_per_run
+    config = json.loads((tmp_path / "grpo-long" / "grpo-seed0" / "config.json").read_text())
+    assert config["method"] == "grpo" and config["eval_split"] == "test"
+
+
 def test_a_stage_stopped_by_an_error_still_counts_its_time(tmp_path):
     from experiments.reopold.protocol import Experiment
 

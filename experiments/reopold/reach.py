@@ -112,7 +112,7 @@ def _direction(lo: float, hi: float, seeds: int) -> str:
     return "confirmed" if lo > 1 else "refuted" if hi < 1 else "within noise"
 
 
-def _interval(values: list[float], confidence: float) -> tuple[float, float]:
+def percentile_interval(values: list[float], confidence: float) -> tuple[float, float]:
     """Percentile interval by order statistics (no interpolation, so infinite values stay meaningful)."""
     finite_or_inf = sorted(v for v in values if not math.isnan(v))
     if not finite_or_inf:
@@ -158,7 +158,7 @@ def compare(
     methods = {}
     for m in curves:
         ratio = _ratio(point["opd"], point[m])
-        lo, hi = _interval(boot(m, "opd"), config.confidence)
+        lo, hi = percentile_interval(boot(m, "opd"), config.confidence)
         methods[m] = {
             "samples_to_reach": _json(point[m]),
             "samples_to_reach_per_seed": [
@@ -171,16 +171,17 @@ def compare(
     pairs = {}
     for m, base in PAIRS:
         if m in curves and base in curves:
-            lo, hi = _interval(boot(m, base), config.confidence)
+            lo, hi = percentile_interval(boot(m, base), config.confidence)
             ratio = _ratio(point[base], point[m])
             budget = samples[-1]
             censored = [math.nan if r is None else _censored(r[base], r[m], budget) for r in resamples]
+            censored_ci = percentile_interval(censored, config.confidence)
             pairs[f"{m}_vs_{base}"] = {"ratio": _json(ratio), "ratio_unbounded": bool(math.isinf(ratio)),
                                        "ci": [_json(lo), _json(hi)], "ci_upper_unbounded": bool(math.isinf(hi)),
                                        "direction": _direction(lo, hi, min(len(curves[m]), len(curves[base]))),
                                        "censored_at": budget, "censored": _censoring(point[base], point[m]),
                                        "ratio_censored": _json(_censored(point[base], point[m], budget)),
-                                       "ci_censored": [_json(x) for x in _interval(censored, config.confidence)]}
+                                       "ci_censored": [_json(x) for x in censored_ci]}
             pairs[f"{m}_vs_{base}"]["at_baseline_final"] = _at_final(
                 samples, smoothed, means, m, base, eval_size, min(len(curves[m]), len(curves[base])), config)
     out.update(level=level, methods=methods, pairs=pairs)
@@ -188,7 +189,7 @@ def compare(
     if reo is None:
         return dict(out, reopold_vs_opd=None, within_one_third=None, direction=None, note="no finished REOPOLD run")
     ratio = _ratio(point["opd"], point["reopold"])
-    lo, hi = _interval(boot("reopold", "opd"), config.confidence)
+    lo, hi = percentile_interval(boot("reopold", "opd"), config.confidence)
     out["reopold_vs_opd"] = {"ratio": _json(ratio), "ci": reo["ratio_ci"], "ci_upper_unbounded": math.isinf(hi)}
     # REOPOLD's samples-to-reach within a third of OPD's: |S_REOPOLD / S_OPD - 1| <= 1/3 (a ratio in
     # [0.75, 1.5]). Identical curves give true; a 3x gain (the paper reports up to 12x) gives false.
@@ -206,7 +207,7 @@ def _at_final(samples: list[float], smoothed: dict[str, list[float]], means: lis
         return {"level": level, "ratio": None, "ci": [None, None], "direction": None,
                 "note": f"{baseline} did not improve over the warm start beyond noise"}
     ratio = at_baseline_final(samples, smoothed, method, baseline)
-    lo, hi = _interval([at_baseline_final(samples, m, method, baseline) for m in means], config.confidence)
+    lo, hi = percentile_interval([at_baseline_final(samples, m, method, baseline) for m in means], config.confidence)
     return {"level": level, "ratio": _json(ratio), "ratio_unbounded": bool(math.isinf(ratio)),
             "ci": [_json(lo), _json(hi)], "ci_upper_unbounded": bool(math.isinf(hi)),
             "direction": _direction(lo, hi, seeds)}
