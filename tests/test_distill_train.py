@@ -186,6 +186,35 @@ def test_every_method_has_its_own_colour_in_the_plots():
     assert set(METHODS) <= set(COLORS) and len(set(COLORS.values())) == len(COLORS)
 
 
+def test_a_group_is_drawn_in_one_colour_on_both_panels(tmp_path, monkeypatch):
+    """Groups not named after a method (an extension, a reference run) each keep one colour for their seeds, mean
+    and entropy lines (matplotlib's cycle gave each line another)."""
+    import matplotlib.figure
+
+    from hyflash.distill.plots import plot_runs
+
+    groups = {}
+    for name in ("self", "cross-vocab", "reopold"):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "eval.jsonl").write_text("".join(json.dumps({"samples": 16 * i, "accuracy": 0.1 * i}) + "\n"
+                                                   for i in range(3)))
+        (folder / "train.jsonl").write_text("".join(json.dumps({"samples": i, "entropy": 0.5}) + "\n"
+                                                    for i in range(6)))
+        groups[name] = [str(folder)]
+    figures = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: figures.append(fig))
+    plot_runs(groups, str(tmp_path / "plot.png"))
+    colours = {}
+    for ax in figures[0].axes:
+        for line in ax.get_lines():
+            name = (line.get_label() or "").split(" (")[0]
+            if name in groups:
+                colours.setdefault(name, set()).add(line.get_color())
+    assert all(len(c) == 1 for c in colours.values()) and len(colours) == 3
+    assert len({c.pop() for c in colours.values()}) == 3
+
+
 def test_checkpoint_and_exact_resume(models, tmp_path):
     kw = dict(steps=4, updates_per_rollout=2, checkpoint_every=2, eval_every=10)
     straight = _trainer(models, _config(tmp_path / "a", "reopold", **kw))

@@ -34,7 +34,7 @@ from experiments.reopold.reach import improved_over_start
 from experiments.reopold.scales import SCALES, get_scale
 from hyflash.distill.plots import plot_runs, read_jsonl
 from hyflash.errors import HyflashError
-from hyflash.files import atomic_write_json
+from hyflash.files import atomic_write_json, atomic_write_text
 
 EXTENSIONS = ("cross-vocab", "self")
 EXTENSION_SEED = 0
@@ -119,9 +119,12 @@ class Extensions:
             result[name].update(lr=self.reopold_lr, method="reopold", seed=EXTENSION_SEED,
                                 samples_per_run=self.scale.samples_per_run)
             atomic_write_json(path, result)
-        (self.x.out / "extensions.md").write_text(extensions_table(result, self.x.out, self.scale.eval_size))
-        self.plot(result)
+            self.write_report(result)  # after each extension: a session that ends during the next keeps it
         return result
+
+    def write_report(self, result: dict) -> None:
+        atomic_write_text(self.x.out / "extensions.md", extensions_table(result, self.x.out, self.scale.eval_size))
+        self.plot(result)
 
     def plot(self, result: dict) -> None:
         """extensions.png: each extension's test accuracy against samples, beside the comparison's REOPOLD run of
@@ -129,7 +132,7 @@ class Extensions:
         groups = {name: [str(self.folder / name / "reopold")] for name in result}
         same_vocab = self.x.out / "runs" / f"reopold-seed{EXTENSION_SEED}"
         if (same_vocab / "eval.jsonl").exists():
-            groups[f"reopold (comparison, seed {EXTENSION_SEED})"] = [str(same_vocab)]
+            groups["reopold"] = [str(same_vocab)]  # the comparison's own run, drawn in REOPOLD's colour
         plot_runs(groups, str(self.x.out / "extensions.png"))
 
 

@@ -14,6 +14,9 @@ from hyflash.files import read_jsonl
 
 COLORS = {"reopold": "tab:red", "opd": "tab:blue", "gkd": "tab:green", "skew-rkl": "tab:purple", "sft": "tab:gray",
           "grpo": "tab:orange"}
+# Groups named otherwise (an extension's runs, a reference run) take these in turn, one colour per group on both
+# panels: left to matplotlib's cycle, a group's seeds, mean and entropy lines would each get another.
+OTHER_COLORS = ("tab:brown", "tab:pink", "tab:olive", "tab:cyan")
 
 
 def smooth(values: list[float], window: int) -> list[float]:
@@ -38,8 +41,9 @@ def plot_runs(
     import matplotlib.pyplot as plt
 
     fig, (ax_acc, ax_ent) = plt.subplots(1, 2, figsize=(11, 4))
+    others = iter(OTHER_COLORS * (1 + len(groups) // len(OTHER_COLORS)))
     for method, runs in groups.items():
-        color = COLORS.get(method)
+        color = COLORS.get(method) or next(others)
         curves = []
         for run in runs:
             ev = read_jsonl(Path(run) / "eval.jsonl")
