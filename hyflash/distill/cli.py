@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 
+from hyflash.distill.trainer import METHODS
 from hyflash.errors import HyflashError
 
 
@@ -16,7 +17,7 @@ def add_cli(sub) -> None:
         description="Train a student on arithmetic problems against a teacher; evaluates held-out accuracy "
         "every --eval-every steps and logs it against the number of samples seen (eval.jsonl, train.jsonl).",
     )
-    p.add_argument("--method", default="reopold", choices=["reopold", "opd", "gkd", "skew-rkl", "sft", "grpo"])
+    p.add_argument("--method", default="reopold", choices=METHODS)
     p.add_argument("--teacher", default="smollm2-135m", help="built-in name or model folder (a saved student "
                    "works too: self-distillation)")
     p.add_argument("--student", default="first-6", help="first-N[:MODEL] (first N layers of MODEL, default "
