@@ -269,15 +269,19 @@ def test_extensions_run_at_tiny_scale(tmp_path):
     table = (tmp_path / "extensions.md").read_text()
     assert "| reference: the comparison's REOPOLD, seed 0 | the warm start |" in table
     assert "| 0.100 → 0.900 | +0.800 |" in table
-    flat = f"| {result['self']['start_accuracy']:.3f} → {result['self']['start_accuracy']:.3f} | +0.000 (within noise) |"
+    start = result["self"]["start_accuracy"]
+    flat = f"| {start:.3f} → {start:.3f} | +0.000 (within noise) |"
     result["self"]["final_accuracy"] = result["self"]["start_accuracy"]
     assert flat in extensions_table(result, tmp_path, scale.eval_size)
 
 
-def _write_curve(folder: Path, samples: list[int], accuracy: list[float]) -> None:
+def _write_curve(folder: Path, samples: list[int], accuracy: list[float], finished_at: int | None = None) -> None:
     folder.mkdir(parents=True)
     (folder / "eval.jsonl").write_text("".join(json.dumps({"samples": x, "accuracy": a}) + "\n"
                                               for x, a in zip(samples, accuracy)))
+    if finished_at is not None:  # the checkpoint state of a finished run, which the comparison's report reads
+        (folder / "checkpoint").mkdir()
+        (folder / "checkpoint" / "state.json").write_text(json.dumps({"step": finished_at}))
 
 
 def test_grpo_past_the_budget_reads_where_it_reaches_the_comparisons_level(tmp_path):
@@ -286,13 +290,14 @@ def test_grpo_past_the_budget_reads_where_it_reaches_the_comparisons_level(tmp_p
     from experiments.reopold.grpo_long import reach_report, results_markdown
 
     (tmp_path / "summary.json").write_text(json.dumps({"level": 0.5}))
+    scale = get_scale("tiny")
     short = [0, 500, 1000, 1500, 2000]
     for seed, wobble in enumerate((-0.01, 0.01)):
-        _write_curve(tmp_path / "runs" / f"reopold-seed{seed}", short, [x / 2000 + wobble for x in short])
-        _write_curve(tmp_path / "runs" / f"opd-seed{seed}", short, [x / 4000 + wobble for x in short])
+        _write_curve(tmp_path / "runs" / f"reopold-seed{seed}", short, [x / 2000 + wobble for x in short], scale.steps)
+        _write_curve(tmp_path / "runs" / f"opd-seed{seed}", short, [x / 4000 + wobble for x in short], scale.steps)
         long = list(range(0, 10001, 1000))
         _write_curve(tmp_path / "grpo-long" / f"grpo-seed{seed}", long, [x / 8000 + wobble for x in long])
-    r = reach_report(tmp_path)
+    r = reach_report(tmp_path, scale)
     assert r["grpo_samples_to_reach"] == pytest.approx(4000) and r["grpo_seeds"] == 2
     assert r["ratios"]["reopold"]["ratio"] == pytest.approx(4.0) and r["ratios"]["opd"]["ratio"] == pytest.approx(2.0)
     lo, hi = r["ratios"]["reopold"]["ci"]
@@ -302,9 +307,10 @@ def test_grpo_past_the_budget_reads_where_it_reaches_the_comparisons_level(tmp_p
         _write_curve(tmp_path / "grpo-long-flat" / f"grpo-seed{seed}", long, [0.0 for _ in long])
     (tmp_path / "grpo-long").rename(tmp_path / "grpo-long-rising")
     (tmp_path / "grpo-long-flat").rename(tmp_path / "grpo-long")
-    flat = reach_report(tmp_path)
+    flat = reach_report(tmp_path, scale)
     assert flat["grpo_samples_to_reach"] is None and flat["ratios"]["opd"]["ratio_unbounded"]
-    assert "reached at **never** samples" in results_markdown(flat) and "| opd | 2,000 | 2 | ∞ [" in results_markdown(flat)
+    table = results_markdown(flat)
+    assert "reached at **never** samples" in table and "| opd | 2,000 | 2 | ∞ [" in table
 
 
 def test_grpo_past_the_budget_runs_at_tiny_scale(tmp_path):

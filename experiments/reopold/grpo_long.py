@@ -22,12 +22,20 @@ import math
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from experiments.reopold.protocol import Experiment
-from experiments.reopold.reach import ReachConfig, percentile_interval, mean_smoothed, samples_to_reach
-from experiments.reopold.scales import SCALES, get_scale
+from experiments.reopold.reach import (
+    ReachConfig,
+    _json,
+    _ratio,
+    _resampled_means,
+    mean_smoothed,
+    percentile_interval,
+    samples_to_reach,
+)
+from experiments.reopold.report import collect_runs
+from experiments.reopold.scales import SCALES, Scale, get_scale
 from hyflash.distill.plots import plot_runs, read_jsonl, smooth
 from hyflash.errors import HyflashError
 from hyflash.files import atomic_write_json, atomic_write_text
@@ -43,7 +51,6 @@ def run_long(x: Experiment, seeds: list[int], budget: int, eval_every: int) -> N
         config = x._run_config("grpo", lr, seed, x.out / "grpo-long" / f"grpo-seed{seed}", budget * s.steps, "test",
                                s.eval_size)
         config.eval_every = eval_every
-        config.checkpoint_every = s.run_checkpoint_every or config.steps
         x._train(config)
 
 
@@ -57,8 +64,9 @@ def _curves(folders: list[Path]) -> tuple[list[float], list[list[float]]]:
     return [e["samples"] for e in evals[0][:n]], [[e["accuracy"] for e in ev[:n]] for ev in evals]
 
 
-def reach_report(out: Path, config: ReachConfig = ReachConfig()) -> dict:
-    """GRPO's samples to reach the comparison's level in the long runs, and the ratios to REOPOLD's and OPD's."""
+def reach_report(out: Path, scale: Scale, config: ReachConfig = ReachConfig()) -> dict:
+    """GRPO's samples to reach the comparison's level in the long runs, and the ratios to REOPOLD's and OPD's
+    (their finished runs, as the comparison reads them), resampling seeds as the comparison does."""
     summary_path = out / "summary.json"
     if not summary_path.exists():
         raise HyflashError(f"{summary_path} is missing: run the comparison's report first "
@@ -66,43 +74,32 @@ def reach_report(out: Path, config: ReachConfig = ReachConfig()) -> dict:
     level = json.loads(summary_path.read_text())["level"]
     if level is None:
         raise HyflashError(f"{summary_path} defines no level to reach (OPD did not improve over the warm start)")
-    long_folders = sorted((out / "grpo-long").glob("grpo-seed*"))
-    long_samples, long_curves = _curves(long_folders)
+    long_samples, long_curves = _curves(sorted((out / "grpo-long").glob("grpo-seed*")))
     if not long_curves:
         raise HyflashError(f"no GRPO run in {out / 'grpo-long'} has evaluated yet: run without --report-only first")
-    runs = {m: _curves(sorted((out / "runs").glob(f"{m}-seed*"))) for m in COMPARED}
-    grpo_point = samples_to_reach(long_samples, mean_smoothed(long_curves, config.window), level)
-    rng = np.random.default_rng(config.seed)
-
-    def resampled_reach(samples: list[float], curves: list[list[float]]) -> list[float]:
-        a = np.asarray(curves, dtype=float)
-        picks = (a[rng.integers(0, len(a), len(a))].mean(axis=0) for _ in range(config.bootstrap))
-        return [samples_to_reach(samples, smooth(list(p), config.window), level) or math.inf for p in picks]
-
-    grpo_boot = resampled_reach(long_samples, long_curves)
+    samples, evals, _ = collect_runs(out, scale)
+    curves = {"grpo": long_curves, **{m: [[e["accuracy"] for e in ev] for ev in evals[m].values()]
+                                      for m in COMPARED if m in evals}}
+    grids = {m: long_samples if m == "grpo" else samples for m in curves}  # GRPO's runs are longer
+    point = {m: samples_to_reach(grids[m], mean_smoothed(c, config.window), level) for m, c in curves.items()}
+    resamples = [{m: samples_to_reach(grids[m], mean[m], level) for m in mean}
+                 for mean in _resampled_means(curves, config)]
     ratios = {}
-    for m, (samples, curves) in runs.items():
-        if not curves:
+    for m in COMPARED:
+        if m not in curves:
             continue
-        point = samples_to_reach(samples, mean_smoothed(curves, config.window), level)
-        boot = [g / s if s not in (None, math.inf) else math.nan
-                for g, s in zip(grpo_boot, resampled_reach(samples, curves))]
-        lo, hi = percentile_interval(boot, config.confidence)
-        ratio = (grpo_point or math.inf) / point if point else math.nan
-        ratios[m] = {"samples_to_reach": point, "seeds": len(curves), "ratio": _finite(ratio),
-                     "ratio_unbounded": math.isinf(ratio), "ci": [_finite(lo), _finite(hi)],
+        ratio = _ratio(point["grpo"], point[m])
+        lo, hi = percentile_interval([_ratio(r["grpo"], r[m]) for r in resamples], config.confidence)
+        ratios[m] = {"samples_to_reach": point[m], "seeds": len(curves[m]), "ratio": _json(ratio),
+                     "ratio_unbounded": math.isinf(ratio), "ci": [_json(lo), _json(hi)],
                      "ci_upper_unbounded": math.isinf(hi)}
     return {"level": level, "grpo_samples": long_samples[-1], "grpo_seeds": len(long_curves),
-            "grpo_samples_to_reach": grpo_point,
+            "grpo_samples_to_reach": point["grpo"],
             "grpo_samples_to_reach_per_seed": [samples_to_reach(long_samples, smooth(c, config.window), level)
                                                for c in long_curves],
             "grpo_final_smoothed": mean_smoothed(long_curves, config.window)[-1],
             "ratios": ratios, "smoothing_window": config.window, "bootstrap_resamples": config.bootstrap,
             "confidence": config.confidence}
-
-
-def _finite(x: float) -> float | None:
-    return None if math.isnan(x) or math.isinf(x) else float(x)
 
 
 def results_markdown(r: dict) -> str:
@@ -122,8 +119,8 @@ def results_markdown(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(out: Path) -> dict:
-    result = reach_report(out)
+def write_report(out: Path, scale: Scale) -> dict:
+    result = reach_report(out, scale)
     folder = out / "grpo-long"
     atomic_write_json(folder / "summary.json", result)
     atomic_write_text(folder / "results.md", results_markdown(result))
@@ -158,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                                    f"(python -m experiments.reopold --out {x.out} --scale {scale.name})")
             run_long(x, args.seeds if args.seeds is not None else list(scale.seeds), args.budget,
                      args.eval_every or 2 * scale.eval_every)
-        result = write_report(Path(args.out))
+        result = write_report(Path(args.out), scale)
     except HyflashError as exc:
         print(f"grpo_long: error: {exc}", file=sys.stderr)
         return 2

@@ -6,6 +6,7 @@ methods together, smoothed as its samples-to-reach reads them.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +42,7 @@ def plot_runs(
     import matplotlib.pyplot as plt
 
     fig, (ax_acc, ax_ent) = plt.subplots(1, 2, figsize=(11, 4))
-    others = iter(OTHER_COLORS * (1 + len(groups) // len(OTHER_COLORS)))
+    others = itertools.cycle(OTHER_COLORS)
     for method, runs in groups.items():
         color = COLORS.get(method) or next(others)
         curves = []
