@@ -256,7 +256,9 @@ def test_extensions_run_at_tiny_scale(tmp_path):
     assert self_config["teacher"] == str(ext / "self" / "teacher" / "checkpoint")
     warm_start = tmp_path / json.loads((tmp_path / "probe.json").read_text())["warm_start"]
     assert self_config["student"] == str(warm_start)
-    assert "| cross-vocab | tiny-pairs |" in (tmp_path / "extensions.md").read_text()
+    warmed = result["cross-vocab"]["warmup_val_curve"][-1]
+    assert f"| cross-vocab | tiny-pairs, warmed up by supervised KD to {warmed:.3f} of validation |" in (
+        tmp_path / "extensions.md").read_text()
     assert (tmp_path / "extensions.png").stat().st_size > 0
     # The comparison's REOPOLD run of the same seed, where it exists, is the table's reference row; a gain within
     # two standard errors of one evaluation says so.

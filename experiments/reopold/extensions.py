@@ -155,7 +155,10 @@ def extensions_table(result: dict, out: Path, eval_size: int) -> str:
 
     for name, r in result.items():
         t_acc = r.get("teacher_accuracy", teacher)
-        rows.append(row(name, r["student"], f"{r['teacher']} ({t_acc:.3f})", r["lr"], r["samples_per_run"],
+        student = r["student"]
+        if r.get("warmup_val_curve"):  # the cross-vocabulary student starts where its own warm-up left it
+            student += f", warmed up by supervised KD to {r['warmup_val_curve'][-1]:.3f} of validation"
+        rows.append(row(name, student, f"{r['teacher']} ({t_acc:.3f})", r["lr"], r["samples_per_run"],
                         r["start_accuracy"], r["final_accuracy"]))
     same_vocab = read_jsonl(out / "runs" / f"reopold-seed{EXTENSION_SEED}" / "eval.jsonl")
     if same_vocab and result:
