@@ -98,8 +98,8 @@ def plot(summary: dict, path: Path) -> None:
         for r in b["prompts"]:
             ax.scatter(r["prompt_tokens"], r["ratio"], color=colors[backend], marker=markers.get(r["kind"], "x"),
                        facecolors="none" if r["temperature"] else colors[backend])
-    for backend, color in colors.items():
-        ax.scatter([], [], color=color, label=backend)
+    for backend in summary["backends"]:  # only the backends this summary holds (a one-backend run names one)
+        ax.scatter([], [], color=colors[backend], label=backend)
     for kind, marker in markers.items():
         ax.scatter([], [], color="gray", marker=marker, label=kind)
     ax.axhline(1.0, color="black", lw=0.8)
