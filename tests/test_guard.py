@@ -459,3 +459,52 @@ def test_drafts_never_verified_still_teach_the_calibration_their_first_slot(llam
     monkeypatch.setattr(AcceptanceCalibrator, "update_first", lambda *a: None)  # no shadow calibration
     out, ms = _timed(clock, llama_target, drafter, SpeculationPolicy(costs), n=60)
     assert set(out.policy["draft_lengths"]) == {0} and ms == pytest.approx(plain_ms, rel=0.02)
+
+
+class ConfidentOracle(TargetGreedyDrafter):
+    """The target's own greedy continuation (always accepted at T = 0) from a cheap source: drafts that pay."""
+
+    is_expensive = False
+
+    def draft(self, last_token, num_tokens, sampling, generator=None) -> Draft:
+        d = super().draft(last_token, num_tokens, sampling, generator)
+        d.confidence, d.source = torch.full((len(d.tokens),), 0.9), "ngram"
+        return d
+
+
+def test_where_nothing_pays_the_next_generations_at_that_temperature_start_with_less_allowance(
+        llama_target, monkeypatch):
+    """llama.cpp-like costs (a 2-token pass is 1.6 plain steps) and drafts the planner wrongly believes (0.9 a
+    slot, never corrected), one policy through several generations as the bench and the server keep it. Each
+    generation that lost halves the next one's start allowance at its temperature (64, 32, 16 ... tokens' worth),
+    so the later ones lose less than the first; without the carry each loses the same. A generation that gains
+    restores the allowance at its temperature and leaves the other temperature's as it was."""
+    costs = curve([10, 16, 19, 22], plain=10)
+    clock = CurveClock(monkeypatch, llama_target, costs)
+    estimate = AcceptanceCalibrator.estimate
+    monkeypatch.setattr(AcceptanceCalibrator, "estimate", lambda self, source, conf: [0.9] * len(conf.tolist()))
+    hot = SamplingConfig(temperature=0.7)
+    n = 48
+    _, plain_ms = _timed(clock, llama_target, None, None, n=n, sampling=hot)
+
+    def losses(config: PolicyConfig) -> tuple[list[float], SpeculationPolicy]:
+        policy, lost = SpeculationPolicy(costs, config), []
+        for _ in range(4):
+            out, ms = _timed(clock, llama_target, CheapWrongDrafter(llama_target.vocab_size), policy, n=n,
+                             sampling=hot)
+            lost.append(ms - plain_ms)
+        return lost, policy
+
+    fixed, _ = losses(PolicyConfig(carry_start_allowance=False))
+    carried, policy = losses(PolicyConfig())
+    assert all(x > 0 for x in fixed) and max(fixed) - min(fixed) < 0.5 * fixed[0]  # the same loss every time
+    assert carried[0] == pytest.approx(fixed[0])  # the first generation has the whole allowance
+    assert carried[3] < 0.5 * carried[0] and sum(carried) < 0.7 * sum(fixed)
+    assert policy.start_allowance[0.7] <= 8
+    # A greedy generation that loses halves the greedy allowance; one whose drafts pay restores it.
+    _timed(clock, llama_target, CheapWrongDrafter(llama_target.vocab_size), policy, n=n)
+    monkeypatch.setattr(AcceptanceCalibrator, "estimate", estimate)
+    out, _ = _timed(clock, llama_target, ConfidentOracle(llama_target.model, block_size=4), policy, n=n)
+    assert out.policy["start_allowance_tokens"] == 32 and out.policy["guard"]["lost_ms"] < 0
+    policy.start_run(temperature=0.0)
+    assert policy.start_tokens == 64 and policy.start_allowance[0.7] <= 8
