@@ -102,13 +102,6 @@ class PolicyConfig:
     # first draft could pay (prose 128: 1.23x -> 0.99x, 18 pauses; experiments/never_slower/, 2026-12-05).
     loss_budget: float = 0.02
     loss_budget_start_tokens: int = 64
-    # The start allowance is carried per temperature across the generations of one policy (the bench, the server):
-    # a generation whose speculative steps lost in all halves the next one's (64, 32, 16, 8, 0 tokens' worth), one
-    # that gained restores it. Without this, where nothing pays each generation spent the allowance again: on
-    # llama.cpp Q4_1 at T = 0.7 (Zen 4, 2 cores) every suite prompt verified 1-9 drafts that lost 10-49 ms, 1-4% of
-    # plain, at ceilings of 1.00x. With no allowance a generation still tries once the growing budget covers one
-    # rejected draft (~30 tokens there, 3 on transformers).
-    carry_start_allowance: bool = True
     # The n-gram lookup and the plan run right after a target pass has flushed the CPU's caches, where they take
     # ~10x their warm time: ~0.3 ms a step on llama.cpp with 2 cores, 3% of a one-token step, paid on every step
     # where nothing is worth verifying (all of them, where a 2-token pass costs 1.8 steps). Where the lookup's
@@ -208,8 +201,6 @@ class SpeculationPolicy:
         self.reads_features = True  # the drafter reads the target's features (start_run says)
         self.steps = 0
         self.rest_runs = self.retired_runs = 0  # generations left to sit out; trial runs in a row that retired
-        self.start_allowance: dict[float, int] = {}  # temperature -> start allowance in tokens (carry_start_allowance)
-        self.start_tokens = self.config.loss_budget_start_tokens  # this generation's
         self.sources: Counter = Counter()  # steps whose verified draft came from each source
         self.lengths: Counter = Counter()  # verified draft length k -> steps
 
@@ -220,9 +211,7 @@ class SpeculationPolicy:
         reads_features: the drafter reads the target's features (until its expensive part retires).
         context, max_draft: the prompt's length and the expensive drafter's longest draft (0: no expensive
         drafter), for the start decision (`start_retired_above`)."""
-        self._carry_start_allowance()
         self.temperature = round(temperature, 1)
-        self.start_tokens = self.start_allowance.get(self.temperature, self.config.loss_budget_start_tokens)
         self.reads_features = reads_features
         self.context = self.start_context = context
         self.max_draft = max_draft
@@ -249,14 +238,6 @@ class SpeculationPolicy:
             self.retired_at = 0
         elif max_draft and self.break_even_acceptance(context, max_draft) > self.config.start_retired_above:
             self.retired_at = 0  # it cannot pay here at any acceptance it plausibly reaches: never slower
-
-    def _carry_start_allowance(self) -> None:
-        """At the end of a generation that speculated: halve the next start allowance at its temperature if its
-        speculative steps lost in all, else restore it (PolicyConfig.carry_start_allowance)."""
-        if self.guard is None or not self.config.carry_start_allowance or self.guard.spent_ms <= 0:
-            return
-        full = self.config.loss_budget_start_tokens
-        self.start_allowance[self.temperature] = self.start_tokens // 2 if self.guard.lost_ms > 0 else full
 
     def break_even_acceptance(self, context: int, max_draft: int) -> float:
         """The per-slot acceptance above which the expensive drafter's best draft length (up to max_draft)
@@ -345,8 +326,8 @@ class SpeculationPolicy:
 
     def loss_budget_ms(self) -> float:
         """What the guard lets speculative steps lose in all by now: loss_budget of the time plain steps take for
-        the tokens committed so far plus this generation's start allowance (`start_tokens`)."""
-        tokens = self.context - self.start_context + self.start_tokens
+        the tokens committed so far plus loss_budget_start_tokens."""
+        tokens = self.context - self.start_context + self.config.loss_budget_start_tokens
         return self.config.loss_budget * tokens * self._plain_step_ms(self.context)
 
     def affordable_length(self, pass_cost, limit: int) -> int:
@@ -604,7 +585,6 @@ class SpeculationPolicy:
                 "expensive_drafter_retired_at_step": self.retired_at,  # 0: sat out the whole generation
                 "retired_by_guard": self.retired_by_guard,
                 "expected_ms_saved_by_drafter": round(self.saved_ms, 2),
-                "start_allowance_tokens": self.start_tokens,
                 "guard": None if self.guard is None else self.guard.stats()}
 
 
