@@ -77,6 +77,20 @@ def test_a_narrow_drafter_round_trips_and_drafts_the_same(llama_target, tmp_path
     assert generate(llama_target, prompt, int8, max_new_tokens=30).tokens == plain.tokens
 
 
+def test_a_drafter_loaded_inside_inference_mode_drafts_as_one_loaded_outside(llama_target, saved):
+    """Its draft vocabulary is then an inference tensor, which keeps no version counter: the head and index
+    caches keyed on it failed with "Inference tensors do not track version counter"."""
+    _, path = saved
+    outside = load_drafter(path, llama_target)
+    with torch.inference_mode():
+        inside = load_drafter(path, llama_target)
+        assert inside.model.draft_vocab_ids.is_inference()
+        hidden = torch.randn(3, inside.model.config.target_hidden_size)
+        torch.testing.assert_close(inside.model.logits(hidden), outside.model.logits(hidden))
+        ids = torch.tensor([0, 2, 3, -1])
+        assert torch.equal(inside.model.draft_index(ids), outside.model.draft_index(ids))
+
+
 def test_drafters_of_the_targets_width_keep_their_checkpoint(llama_target, tmp_path):
     """hidden_size 0 (the default, and what a config.json written before the field reads as) or the target's own
     width: no out_proj and the tensors drafters always had, so older drafters, the shipped one among them, load

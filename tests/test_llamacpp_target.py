@@ -702,3 +702,45 @@ def test_amx_builds_keep_weights_out_of_extra_buffer_types(monkeypatch):
         with backend._peer_model_params():
             raise RuntimeError("load failed")
     assert low_level.llama_model_default_params is library_default
+
+
+def _weights_only_target(tmp_path, untied: bool):
+    """A LlamaCppTarget reduced to what `_weight` reads (its GGUF path and width), over a GGUF of two tensors: a
+    token embedding and, if `untied`, an output.weight of other values."""
+    import gguf
+    import numpy as np
+
+    from hyflash.targets.llamacpp import LlamaCppTarget
+
+    rng = np.random.default_rng(0)
+    tensors = {"token_embd.weight": rng.standard_normal((32, 8), dtype=np.float32)}
+    if untied:
+        tensors["output.weight"] = rng.standard_normal((32, 8), dtype=np.float32)
+    path = tmp_path / ("untied.gguf" if untied else "tied.gguf")
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for name, rows in tensors.items():
+        writer.add_tensor(name, rows)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    target = LlamaCppTarget.__new__(LlamaCppTarget)
+    target.path, target.hidden_size, target._weights, target._embed_scale = path, 8, {}, 1.0
+    return target, {k: torch.from_numpy(v) for k, v in tensors.items()}
+
+
+@pytest.mark.parametrize("untied", [True, False])
+def test_the_head_is_the_files_output_weight_whichever_is_read_first_and_inside_inference_mode(tmp_path, untied):
+    """A file with its own output.weight (Qwen2.5-Coder's GGUF: Q6_K head, Q4_K embedding) keeps its head when
+    the embedding is read first: reading the embedding made it the head for every later reader (a drafter's
+    first forward embeds before its head reads). Both are made as ordinary tensors inside inference mode, where
+    a generation first asks for them: a drafter loaded after it reads their version counter (its head cache),
+    which an inference tensor lacks (a second drafter in one `hyflash bench` on Qwen failed so)."""
+    target, rows = _weights_only_target(tmp_path, untied)
+    with torch.inference_mode():
+        embed = target.embed(torch.tensor([3, 5]))
+        head = target.head_weight()
+    torch.testing.assert_close(embed, rows["token_embd.weight"][[3, 5]], atol=0, rtol=0)
+    torch.testing.assert_close(head, rows["output.weight" if untied else "token_embd.weight"], atol=0, rtol=0)
+    assert not head.is_inference() and head._version == 0
+    assert (target._weight("embed") is head) == (not untied)

@@ -4,8 +4,8 @@
 # recipe (docs/training.md: one layer, window 256, gated-delta memory, block 8, copy input N = 16 with its gate,
 # CE with exp slot weights gamma 4, 8 sequences x 64 anchors) at a width of its own: 512 (--hidden-size; the
 # target's 1536 would make it 47M parameters, 95 MB; at 512 it is 9.8M, 19.6 MB in bf16, under the issue's
-# 25 MB), draft vocabulary 2,048 ids (DRAFT_VOCAB: they cover 83% of the target's tokens in its chat-wild answers,
-# 67-88% on the other sets; the head's rows are the target's own, so a larger one adds only its ids to the file).
+# 25 MB), draft vocabulary 2,048 ids (DRAFT_VOCAB; the head's rows are the target's, so a larger one adds only its
+# ids to the file; on chat-wild halving it moved tau 1.81 -> 1.79: experiments/qwen/chat-wild-head-and-vocab/).
 # Resumable: rerun with --resume. Run from the repository root:
 #   /work/shared/bin/heavy bash experiments/qwen/train.sh [--resume] [more hyflash train flags]
 set -euo pipefail

@@ -86,8 +86,8 @@ class DrafterModel(nn.Module):
         weight = self.target.head_weight()
         if self.draft_vocab_ids is None and weight.dtype == self.dtype:
             return weight.detach()
-        key = (weight.data_ptr(), weight._version, None if self.draft_vocab_ids is None else
-               self.draft_vocab_ids._version, weight.device, self.dtype)
+        key = (weight.data_ptr(), _version(weight), None if self.draft_vocab_ids is None else
+               _version(self.draft_vocab_ids), weight.device, self.dtype)
         if self._head_cache is None or self._head_cache[0] != key:
             rows = weight.detach() if self.draft_vocab_ids is None else weight.detach()[self.draft_vocab_ids.to(weight.device)]
             self._head_cache = (key, rows.to(self.dtype))
@@ -138,7 +138,7 @@ class DrafterModel(nn.Module):
         """Target ids -> their index in the draft vocabulary, -1 for ids outside it (and for ids < 0)."""
         if self.draft_vocab_ids is None:
             return ids
-        key = (self.draft_vocab_ids._version, self.draft_vocab_ids.device)
+        key = (_version(self.draft_vocab_ids), self.draft_vocab_ids.device)
         if self._index_cache is None or self._index_cache[0] != key:
             lookup = torch.full((self.config.target_vocab_size,), -1, dtype=torch.long, device=ids.device)
             lookup[self.draft_vocab_ids.to(ids.device)] = torch.arange(len(self.draft_vocab_ids), device=ids.device)
@@ -389,6 +389,12 @@ class DrafterModel(nn.Module):
                 f"the weights in {path} do not match its config.json ({first[0].strip()}): re-save the drafter"
             ) from exc
         return model.to(device=target.device, dtype=dtype or target.dtype).eval()
+
+
+def _version(t: torch.Tensor) -> int:
+    """A tensor's in-place version, for the caches above; 0 for an inference tensor (one made in inference mode,
+    e.g. a drafter loaded inside it), which keeps no counter and which nothing modifies in place."""
+    return 0 if t.is_inference() else t._version
 
 
 def _target_part(module: nn.Module, path: str, where: str) -> nn.Module:

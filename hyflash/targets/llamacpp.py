@@ -396,24 +396,32 @@ class LlamaCppTarget(BaseTarget):
 
     # ----- frozen pieces drafters reuse (from the GGUF, dequantised once) --------------------------------
     def _weight(self, key: str) -> torch.Tensor:
+        """The token embedding ("embed") or the LM head ("head") as float32 rows, dequantised once from the GGUF.
+        Tied embeddings (SmolLM2, Gemma: no output.weight) share one tensor; a file with its own output.weight
+        keeps the two apart: Qwen2.5-Coder's stores its head in Q6_K and its embedding in Q4_K (7% apart), and
+        an untied model's head is another matrix altogether."""
         if key not in self._weights:
             import gguf
             from gguf.quants import dequantize
 
             reader = gguf.GGUFReader(str(self.path))
             tensors = {t.name: t for t in reader.tensors}
-            # Tied embeddings (SmolLM2, Gemma) have no output.weight: the head is the token embedding.
-            name = "output.weight" if key == "head" and "output.weight" in tensors else "token_embd.weight"
-            if name == "token_embd.weight" and "embed" in self._weights:
-                self._weights[key] = self._weights["embed"]
-            elif name not in tensors:
-                raise HyflashError(f"{self.path} has no {name} tensor: not a supported decoder-only GGUF")
+            tied = "output.weight" not in tensors
+            other = "head" if key == "embed" else "embed"
+            if tied and other in self._weights:
+                self._weights[key] = self._weights[other]
             else:
+                name = "output.weight" if key == "head" and not tied else "token_embd.weight"
+                if name not in tensors:
+                    raise HyflashError(f"{self.path} has no {name} tensor: not a supported decoder-only GGUF")
                 t = tensors[name]
                 rows = np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-                self._weights[key] = torch.from_numpy(rows.reshape(-1, self.hidden_size))
-                if name == "token_embd.weight":
-                    self._weights["head" if key == "embed" else "embed"] = self._weights[key]
+                # Made outside inference mode even when first asked inside it (a drafter's first draft): an
+                # inference tensor has no version counter, which a drafter loaded later reads (its head cache).
+                with torch.inference_mode(False):
+                    self._weights[key] = torch.from_numpy(rows.reshape(-1, self.hidden_size))
+                if tied:
+                    self._weights[other] = self._weights[key]
         return self._weights[key]
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
