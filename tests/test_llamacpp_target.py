@@ -704,19 +704,23 @@ def test_amx_builds_keep_weights_out_of_extra_buffer_types(monkeypatch):
     assert low_level.llama_model_default_params is library_default
 
 
-def _weights_only_target(tmp_path, untied: bool):
-    """A LlamaCppTarget reduced to what `_weight` reads (its GGUF path and width), over a GGUF of two tensors: a
-    token embedding and, if `untied`, an output.weight of other values."""
+def _weights_only_target(tmp_path, head: str):
+    """A LlamaCppTarget reduced to what `_weight` reads (its GGUF path and width), over a GGUF of a token embedding
+    and, by `head`: no output.weight ("tied"), the embedding stored again with 5% of noise ("twice", as a tied
+    model's requantised copy), or another matrix ("untied")."""
     import gguf
     import numpy as np
 
     from hyflash.targets.llamacpp import LlamaCppTarget
 
     rng = np.random.default_rng(0)
-    tensors = {"token_embd.weight": rng.standard_normal((32, 8), dtype=np.float32)}
-    if untied:
+    embedding = rng.standard_normal((32, 8), dtype=np.float32)
+    tensors = {"token_embd.weight": embedding}
+    if head == "twice":
+        tensors["output.weight"] = embedding + 0.05 * rng.standard_normal((32, 8), dtype=np.float32)
+    elif head == "untied":
         tensors["output.weight"] = rng.standard_normal((32, 8), dtype=np.float32)
-    path = tmp_path / ("untied.gguf" if untied else "tied.gguf")
+    path = tmp_path / f"{head}.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
     for name, rows in tensors.items():
         writer.add_tensor(name, rows)
@@ -729,18 +733,20 @@ def _weights_only_target(tmp_path, untied: bool):
     return target, {k: torch.from_numpy(v) for k, v in tensors.items()}
 
 
-@pytest.mark.parametrize("untied", [True, False])
-def test_the_head_is_the_files_output_weight_whichever_is_read_first_and_inside_inference_mode(tmp_path, untied):
-    """A file with its own output.weight (Qwen2.5-Coder's GGUF: Q6_K head, Q4_K embedding) keeps its head when
-    the embedding is read first: reading the embedding made it the head for every later reader (a drafter's
-    first forward embeds before its head reads). Both are made as ordinary tensors inside inference mode, where
-    a generation first asks for them: a drafter loaded after it reads their version counter (its head cache),
-    which an inference tensor lacks (a second drafter in one `hyflash bench` on Qwen failed so)."""
-    target, rows = _weights_only_target(tmp_path, untied)
+@pytest.mark.parametrize("head", ["untied", "twice", "tied"])
+def test_the_head_is_the_files_output_weight_whichever_is_read_first_and_inside_inference_mode(tmp_path, head):
+    """An untied model keeps its own output.weight as head when the embedding is read first: reading the
+    embedding made it the head for every later reader (a drafter's first forward embeds before its head reads).
+    A tied model shares one tensor, also where its file stores the embedding twice (Qwen2.5-Coder's GGUF: Q6_K
+    and Q4_K): a second copy would hold ~0.9 GB more. Both are made as ordinary tensors inside inference mode,
+    where a generation first asks for them: a drafter loaded after it reads their version counter (its head
+    cache), which an inference tensor lacks (a second drafter in one `hyflash bench` on Qwen failed so)."""
+    target, rows = _weights_only_target(tmp_path, head)
     with torch.inference_mode():
         embed = target.embed(torch.tensor([3, 5]))
-        head = target.head_weight()
+        weight = target.head_weight()
     torch.testing.assert_close(embed, rows["token_embd.weight"][[3, 5]], atol=0, rtol=0)
-    torch.testing.assert_close(head, rows["output.weight" if untied else "token_embd.weight"], atol=0, rtol=0)
-    assert not head.is_inference() and head._version == 0
-    assert (target._weight("embed") is head) == (not untied)
+    torch.testing.assert_close(weight, rows["output.weight" if head == "untied" else "token_embd.weight"],
+                               atol=0, rtol=0)
+    assert not weight.is_inference() and weight._version == 0
+    assert (target._weight("embed") is weight) == (head != "untied")

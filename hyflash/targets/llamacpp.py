@@ -397,16 +397,19 @@ class LlamaCppTarget(BaseTarget):
     # ----- frozen pieces drafters reuse (from the GGUF, dequantised once) --------------------------------
     def _weight(self, key: str) -> torch.Tensor:
         """The token embedding ("embed") or the LM head ("head") as float32 rows, dequantised once from the GGUF.
-        Tied embeddings (SmolLM2, Gemma: no output.weight) share one tensor; a file with its own output.weight
-        keeps the two apart: Qwen2.5-Coder's stores its head in Q6_K and its embedding in Q4_K (7% apart), and
-        an untied model's head is another matrix altogether."""
+        A tied model shares one tensor: one without output.weight (SmolLM2, Gemma), and one whose output.weight is
+        its embedding quantised again (Qwen2.5-Coder's file: Q6_K head, Q4_K embedding, 7% apart; `_stored_twice`),
+        where a second copy would cost ~0.9 GB for nothing a drafter can measure (the head's quantisation moved
+        chat-wild tau 1.81 -> 1.80, experiments/qwen/chat-wild-head-and-vocab/). An untied model's head is
+        output.weight, whichever of the two is read first."""
         if key not in self._weights:
             import gguf
             from gguf.quants import dequantize
 
             reader = gguf.GGUFReader(str(self.path))
             tensors = {t.name: t for t in reader.tensors}
-            tied = "output.weight" not in tensors
+            head, embed = tensors.get("output.weight"), tensors.get("token_embd.weight")
+            tied = head is None or (embed is not None and _stored_twice(head, embed))
             other = "head" if key == "embed" else "embed"
             if tied and other in self._weights:
                 self._weights[key] = self._weights[other]
@@ -689,6 +692,19 @@ class LlamaCppTarget(BaseTarget):
         """A llama.cpp context of its own on this model for `slots` independent sequences of up to
         `seq_context` tokens each (batched data generation); features from this target's eval callback."""
         return SequenceStreams(self, slots, seq_context, features)
+
+
+def _stored_twice(head, embed, rows: int = 64) -> bool:
+    """Whether a GGUF's output.weight is its token embedding quantised again (a tied model whose converter wrote
+    both): `rows` rows spread over the vocabulary differ by under 25% of their norm (Qwen2.5-Coder-1.5B's Q6_K
+    and Q4_K copies: 7%; two independent matrices: ~140%)."""
+    from gguf.quants import dequantize
+
+    if tuple(head.shape) != tuple(embed.shape):
+        return False
+    picks = np.linspace(0, head.data.shape[0] - 1, rows).astype(np.int64)
+    a, b = (np.asarray(dequantize(t.data[picks], t.tensor_type), dtype=np.float32) for t in (head, embed))
+    return bool(np.linalg.norm(a - b) < 0.25 * np.linalg.norm(a))
 
 
 class SequenceStreams:
