@@ -17,7 +17,7 @@ die() { echo "self_instruct: error: $*" >&2; exit 2; }
 cd "$(dirname "$0")/../.."
 if [ -n "${PYTHON:-}" ]; then py="$PYTHON"; elif [ -x .venv/bin/python ]; then py=.venv/bin/python; else py=python3; fi
 dry="${DRY_RUN:-0}" num="${NUM_PROMPTS:-1500}" out="${OUT:-runs/qwen-drafter-self}"
-features="${FEATURES:-cache/features}"
+features="${FEATURES:-/work/cache/features}"  # outside the checkout: a new checkout on this machine keeps it
 [[ "$num" =~ ^[1-9][0-9]*$ ]] || die "NUM_PROMPTS must be a whole number >= 1, got '$num'"
 prompts=experiments/qwen/self-instruct-prompts.jsonl data=data/qwen2.5-coder-1.5b/train-self
 run() { echo "+ $*"; [ "$dry" = 1 ] || "$@"; }
