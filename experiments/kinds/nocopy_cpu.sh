@@ -119,15 +119,12 @@ fi
 # 259 tokens/s at 4,096 tokens of context on a Zen 4 with 2 threads, 2026-12-07; ~85 min for all 1.35M tokens).
 refill_minutes() {
   "$py" - "$work/features" $data <<'EOF'
-import json, sys
+import sys
 from pathlib import Path
+from hyflash.training.data import TokenDataset  # its keys name the feature-cache files
 have = {p.stem for p in Path(sys.argv[1]).glob("*/*.safetensors")}
-missing = 0
-for folder in sys.argv[2:]:
-    for shard in json.loads((Path(folder) / "manifest.json").read_text())["shards"]:
-        absent = sum(f"{shard['sha256'][:20]}-{i:05d}" not in have for i in range(shard["sequences"]))
-        missing += shard["tokens"] * absent / shard["sequences"]
-print(round(missing / (259 * 60)))
+data = TokenDataset(sys.argv[2:], verify=False)
+print(round(sum(len(s) for s, key in zip(data.sequences, data.keys) if key not in have) / (259 * 60)))
 EOF
 }
 stamp "train: $runs"
