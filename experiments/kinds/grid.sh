@@ -160,7 +160,6 @@ common=(--model "$model" --data $data --max-length $max_length --steps $steps --
         --anchors $anchors --lr $lr --warmup-steps $warmup --block-size $block --window $window --chunk-size $chunk
         --draft-vocab-size $vocab --gamma $gamma --eval-prompts 0 --save-every $save_every --log-every 10
         --threads $threads --no-progress $plot)
-[ -n "$feature_cache" ] && common+=(--feature-cache "$feature_cache")
 # More checkpoints kept: a caller stopped by its deadline exports every run at the newest step they all share.
 [ -n "${KEEP_CHECKPOINTS:-}" ] && common+=(--keep-checkpoints "$KEEP_CHECKPOINTS")
 [ "$copy_ngram" != 0 ] && common+=(--copy-ngram "$copy_ngram" --copy-gate)
@@ -191,6 +190,8 @@ if [ "$dry" != 1 ]; then
     echo "$settings" > "$out/grid-settings.txt"
   fi
 fi
+# Where the feature cache lives changes no result (a moved WORKDIR keeps its grid), so it is not a setting.
+[ -n "$feature_cache" ] && common+=(--feature-cache "$feature_cache")
 
 # ===== the share of training anchors whose context exceeds the window (seed 0's anchors; no model needed) =====
 if [ "$stage" = all ] || [ "$stage" = train ]; then
