@@ -38,7 +38,7 @@ from hyflash.bench.datasets import SETS  # noqa: E402
 from hyflash.bench.run import settings_differ  # noqa: E402
 from hyflash.drafters.config import KINDS  # noqa: E402
 from hyflash.errors import HyflashError  # noqa: E402
-from hyflash.files import atomic_write_json  # noqa: E402
+from hyflash.files import atomic_write_json, atomic_write_text  # noqa: E402
 
 PLOT = "tau_vs_context_nocopy.png"
 COPY_BENCHES = [HERE / "grid" / "bench", HERE / "grid" / "bench-d2"]
@@ -306,7 +306,7 @@ def write_all(benches: list, copy: list | None = None, out=None, anchor_context=
     written = [out / "summary.json", out / "claims.json", out / "claims.md", out / PLOT]
     atomic_write_json(written[0], table)
     atomic_write_json(written[1], report)
-    written[2].write_text("\n".join(lines) + "\n")
+    atomic_write_text(written[2], "\n".join(lines) + "\n")
     curves = [("no copy", table, summarize.context_lengths(results))]
     if copy_results is not None and "copy input" in report["grids"]:
         curves.append(("copy", report["grids"]["copy input"]["greedy"]["tau"], summarize.context_lengths(copy_results)))
