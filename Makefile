@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LLAMACPP_STAMP := $(VENV)/.installed-llamacpp
 
-.PHONY: venv demo test models bench-quick clean FORCE
+.PHONY: venv demo test models clean FORCE
 
 venv: $(STAMP) $(LLAMACPP_STAMP)
 
