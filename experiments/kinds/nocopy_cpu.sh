@@ -12,7 +12,8 @@
 #   git add data/smollm2-135m/long-v2 experiments/kinds/nocopy                            after it: what lasts
 #
 # UNTIL (HH:MM, UTC, today): when the session's CPU ends. No run starts that would not finish, with the bench
-# after it, before then (RUN_MINUTES, BENCH_MINUTES: estimates, 40 and 30); the data stage stops at it.
+# after it, before then (RUN_MINUTES, minutes a run takes per drafter layer, 26: a depth-1 run took 25-26 min on a
+# Zen 4 with the feature cache full, 2026-12-07; BENCH_MINUTES, 30); the data stage stops at it.
 #
 # Stages, each skipped once done:
 #   data     NEW_LONG (192) more long target-written sequences (seed 2: other cut points than long-v1's seed 0;
@@ -40,9 +41,10 @@
 #            the plot; into RESULTS.
 #
 # Environment: UNTIL, NEW_LONG (192), RUNS (the 12, in this order), BENCH_N (12), BENCH_NEW (32), BENCH_SETS
-# (ctx-1k,...,ctx-8k), RUN_MINUTES (40), BENCH_MINUTES (30), LONG_DATA, RESULTS (experiments/kinds/nocopy), PYTHON,
-# DRY_RUN; TINY=1 with MODEL (a tiny model folder), LONG_DATA and RESULTS outside the checkout: a tiny data set,
-# SCALE=tiny trainings and a two-prompt bench, so that a test runs the real path end to end.
+# (ctx-1k,...,ctx-8k), RUN_MINUTES (26 a layer), BENCH_MINUTES (30), LONG_DATA, RESULTS
+# (experiments/kinds/nocopy), PYTHON, DRY_RUN; TINY=1 with MODEL (a tiny model folder), LONG_DATA and RESULTS
+# outside the checkout: a tiny data set, SCALE=tiny trainings and a two-prompt bench, so that a test runs the real
+# path end to end.
 set -euo pipefail
 die() { echo "nocopy_cpu: error: $*" >&2; exit 2; }
 [ $# -eq 1 ] || die "usage: [UNTIL=HH:MM] experiments/kinds/nocopy_cpu.sh WORKDIR"
@@ -50,7 +52,7 @@ mkdir -p -- "$1" || die "cannot create WORKDIR '$1'"
 work="$(cd -- "$1" && pwd)"
 cd "$(dirname "$0")/../.."
 if [ -n "${PYTHON:-}" ]; then py="$PYTHON"; elif [ -x .venv/bin/python ]; then py=.venv/bin/python; else py=python3; fi
-dry="${DRY_RUN:-0}" run_minutes="${RUN_MINUTES:-40}" bench_minutes="${BENCH_MINUTES:-30}"
+dry="${DRY_RUN:-0}" run_minutes="${RUN_MINUTES:-26}" bench_minutes="${BENCH_MINUTES:-30}"
 long_data="${LONG_DATA:-data/smollm2-135m/long-v2}" results="${RESULTS:-experiments/kinds/nocopy}"
 bench_sets="${BENCH_SETS:-ctx-1k,ctx-2k,ctx-4k,ctx-6k,ctx-8k}"
 if [ "${TINY:-0}" = 1 ]; then
@@ -134,7 +136,10 @@ refill=0
 [ "$refill" -gt 0 ] && echo "== the feature cache lacks ~$refill min of float32 prefill: the first run records it first"
 for name in $runs; do
   if [[ "$benched" == *" $name "* ]]; then echo "== $name: in a committed bench, skipped"; continue; fi
-  if [ "$dry" != 1 ] && ! has_drafter "$name" && (( $(left_s) < (refill + run_minutes + bench_minutes) * 60 )); then
+  depth=${name#*-d}; depth=${depth%%-*}  # a run's time grows with its drafter's layers
+  [[ "$depth" =~ ^[1-9][0-9]*$ ]] || depth=1
+  if [ "$dry" != 1 ] && ! has_drafter "$name" &&
+     (( $(left_s) < (refill + depth * run_minutes + bench_minutes) * 60 )); then
     stamp "$name and the runs after it wait for the next session (UNTIL $UNTIL)"; break
   fi
   run env "${grid_env[@]}" STAGE=train RUNS="$name" bash experiments/kinds/grid.sh "$work/grid"
