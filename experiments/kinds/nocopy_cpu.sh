@@ -26,8 +26,9 @@
 #            run of the grid sees the same data.
 #   train    the grid's runs that no committed bench holds yet, one at a time through grid.sh (SCALE=cpu: 500 steps
 #            x 8 sequences x 64 anchors, the copy grid's budget; COPY_NGRAM=0; AUTOCAST=off, so that runs made on
-#            CPUs with and without native bf16 do the same arithmetic), the claims' pairs first. On a new machine
-#            the first run also refills the feature cache (~1.5M tokens of float32 prefill; its first epoch).
+#            CPUs with and without native bf16 do the same arithmetic), the claims' pairs first; a run too long
+#            for the time left waits while shorter ones after it go. On a new machine the first run also refills
+#            the feature cache (~1.5M tokens of float32 prefill; its first epoch).
 #            Each finished run's configs, curves and wall time are copied to RESULTS/runs/NAME (no weights).
 #   bench    `hyflash bench --replay` of the runs trained here and not benched yet, into a new folder
 #            RESULTS/bench-<UTC date and time, to the second> (committed; `.complete` once finished: an unfinished one is resumed
@@ -140,7 +141,9 @@ for name in $runs; do
   [[ "$depth" =~ ^[1-9][0-9]*$ ]] || depth=1
   if [ "$dry" != 1 ] && ! has_drafter "$name" &&
      (( $(left_s) < (refill + depth * run_minutes + bench_minutes) * 60 )); then
-    stamp "$name and the runs after it wait for the next session (UNTIL $UNTIL)"; break
+    # A shallower run later in the order may still fit: the session's CPU is not left idle for a deep one.
+    stamp "$name waits for the next session (~$(( refill + depth * run_minutes + bench_minutes )) min; UNTIL $UNTIL)"
+    continue
   fi
   run env "${grid_env[@]}" STAGE=train RUNS="$name" bash experiments/kinds/grid.sh "$work/grid"
   refill=0
