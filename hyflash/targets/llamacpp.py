@@ -410,21 +410,17 @@ class LlamaCppTarget(BaseTarget):
             tensors = {t.name: t for t in reader.tensors}
             head, embed = tensors.get("output.weight"), tensors.get("token_embd.weight")
             tied = head is None or (embed is not None and _stored_twice(head, embed))
-            other = "head" if key == "embed" else "embed"
-            if tied and other in self._weights:
-                self._weights[key] = self._weights[other]
-            else:
-                name = "output.weight" if key == "head" and not tied else "token_embd.weight"
-                if name not in tensors:
-                    raise HyflashError(f"{self.path} has no {name} tensor: not a supported decoder-only GGUF")
-                t = tensors[name]
-                rows = np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-                # Made outside inference mode even when first asked inside it (a drafter's first draft): an
-                # inference tensor has no version counter, which a drafter loaded later reads (its head cache).
-                with torch.inference_mode(False):
-                    self._weights[key] = torch.from_numpy(rows.reshape(-1, self.hidden_size))
-                if tied:
-                    self._weights[other] = self._weights[key]
+            name = "output.weight" if key == "head" and not tied else "token_embd.weight"
+            if name not in tensors:
+                raise HyflashError(f"{self.path} has no {name} tensor: not a supported decoder-only GGUF")
+            t = tensors[name]
+            rows = np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+            # Made outside inference mode even when first asked inside it (a drafter's first draft): an
+            # inference tensor has no version counter, which a drafter loaded later reads (its head cache).
+            with torch.inference_mode(False):
+                self._weights[key] = torch.from_numpy(rows.reshape(-1, self.hidden_size))
+            if tied:  # both keys at once: a later read of the other finds it here
+                self._weights["head" if key == "embed" else "embed"] = self._weights[key]
         return self._weights[key]
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
