@@ -53,6 +53,9 @@ def test_the_incremental_history_matches_as_the_plain_suffix_match(tokens, last,
     for i in range(0, len(tokens), pieces):
         history.extend(tokens[i : i + pieces])
         ngram.ingest(torch.tensor(tokens[i : i + pieces], dtype=torch.long))
+        if i % (2 * pieces) == 0:  # reads between extends (extend queues; a read copies the queue in)
+            assert history.match(last, max_ngram, min_ngram) == suffix_match(
+                torch.tensor(tokens[: i + pieces] + [last]), max_ngram, min_ngram)
     seq = torch.tensor(tokens + [last])
     start, n = suffix_match(seq, max_ngram, min_ngram)
     assert history.match(last, max_ngram, min_ngram) == (start, n)

@@ -64,7 +64,7 @@ class NgramDrafter(Drafter):
         self._history = TokenHistory()
 
     def ingest(self, tokens: torch.Tensor, features: torch.Tensor | None = None) -> None:
-        self._history.extend(tokens)  # amortised O(1) a token: idle steps cost next to nothing
+        self._history.extend(tokens)  # queued until a lookup reads it: idle steps cost next to nothing
 
     @property
     def history(self) -> torch.Tensor:
