@@ -4,6 +4,7 @@ turn (hyflash/training/self_instruct.py)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -120,3 +121,26 @@ def test_on_llama_cpp_with_its_own_tokenizer_too(tmp_path):
                                                  add_generation_prompt=False, tokenize=True)
     assert whole[: len(prefix)] == prefix and len(whole) > len(prefix)
     assert target.tokenizer.piece(prefix[-3]) == "<|im_start|>"  # parsed as the special token, not as text
+
+
+def test_batched_on_llama_cpp_writes_what_one_generation_per_attempt_writes(tmp_path):
+    """The llama.cpp path samples `batch_size` attempts per batch (continuous batching, a generator per attempt),
+    the plain path one `generate` each. On the shipped SmolLM2 Q4_1 GGUF, whose batched passes give one-sequence
+    passes' logits bit for bit, the two write the same file, byte for byte; so does a batched run stopped early
+    and continued."""
+    if os.environ.get("HYFLASH_SKIP_REAL_MODEL"):
+        pytest.skip("HYFLASH_SKIP_REAL_MODEL is set")
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (make venv)")
+    from hyflash.targets.llamacpp import LlamaCppTarget
+
+    target = LlamaCppTarget.load("smollm2-135m", n_threads=1)  # 1 thread: exactness needs it (test_llamacpp_target)
+    paths = {name: tmp_path / f"{name}.jsonl" for name in ("plain", "batched", "resumed")}
+    self_instruct(target, paths["plain"], SelfInstructConfig(num=3, max_new_tokens=96, batch_size=1), progress=False)
+    self_instruct(target, paths["batched"], SelfInstructConfig(num=3, max_new_tokens=96, batch_size=4),
+                  progress=False)
+    for num in (1, 3):
+        self_instruct(target, paths["resumed"], SelfInstructConfig(num=num, max_new_tokens=96, batch_size=4),
+                      progress=False)
+    texts = {name: path.read_text() for name, path in paths.items()}
+    assert len(texts["plain"].splitlines()) == 3
+    assert texts["batched"] == texts["plain"] and texts["resumed"] == texts["plain"]

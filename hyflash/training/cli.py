@@ -15,6 +15,7 @@ from hyflash.flags import add_dataclass_flags, dataclass_from_flags
 def add_cli(sub) -> None:
     from hyflash.training.config import TrainConfig
     from hyflash.training.data import DataConfig
+    from hyflash.training.self_instruct import SelfInstructConfig
 
     p = sub.add_parser(
         "data",
@@ -58,6 +59,8 @@ def add_cli(sub) -> None:
                    help="--self-instruct: the backend it runs on")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
                    help="--self-instruct on transformers: the model's dtype (auto: bf16 where it pays here)")
+    p.add_argument("--batch-size", type=int, default=SelfInstructConfig.batch_size,
+                   help="--self-instruct on llama.cpp: sequences per batch (1: one generation at a time)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(handler=cmd_prompts)
 
@@ -114,7 +117,7 @@ def _self_instruct(args) -> int:
         if value is not None:
             raise HyflashError(f"{flag} is for the varied source; with --self-instruct N, N is the number of prompts "
                                f"and the model writes them: leave {flag} out")
-    config = SelfInstructConfig(num=args.self_instruct, seed=args.seed)
+    config = SelfInstructConfig(num=args.self_instruct, seed=args.seed, batch_size=args.batch_size)
     dtype = "auto" if args.backend == "llama.cpp" else auto_dtype(args.dtype, torch.device("cpu"))
     target = load_target(args.model, dtype=dtype, backend=args.backend)
     prompts = self_instruct(target, args.out, config, progress=not args.no_progress)
