@@ -63,13 +63,38 @@ def logits_to_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Ten
         kth = torch.topk(logits, sampling.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if sampling.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        sorted_probs = sorted_logits.softmax(-1)
-        # Drop a token when the mass strictly before it already reaches top_p (the top token always stays).
-        drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= sampling.top_p
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
+        logits = logits.masked_fill(top_p_drop(logits, sampling.top_p), float("-inf"))
     return logits.softmax(-1)
+
+
+def top_p_drop_reference(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The ids top-p drops ([..., V] bool), by the definition: sort the whole vocabulary and drop an id when the
+    mass strictly before it already reaches top_p (the top id always stays)."""
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    sorted_probs = sorted_logits.softmax(-1)
+    drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= top_p
+    return drop_sorted.scatter(-1, order, drop_sorted)
+
+
+def top_p_drop(logits: torch.Tensor, top_p: float, first: int = 256) -> torch.Tensor:
+    """top_p_drop_reference without sorting the whole vocabulary: the nucleus is sought among the `first`
+    largest logits (torch.topk), eight times as many until they hold top_p of the mass (then every id after them
+    is dropped too). The sort took 6 ms a row over Qwen's 151,936 ids on 2 Zen 4 cores, 0.4 s a step of 64
+    sequences, more than the llama.cpp pass; this takes ~0.4 ms. Equal to the reference but where rounding puts
+    the mass before an id within ~1e-7 of top_p (the two normalise in different orders), or ties straddle it
+    (tests/test_sampling.py)."""
+    vocab = logits.shape[-1]
+    log_total = torch.logsumexp(logits, dim=-1, keepdim=True)
+    k = min(first, vocab)
+    while True:
+        values, ids = torch.topk(logits, k, dim=-1)  # descending
+        probs = (values - log_total).exp()
+        mass = probs.cumsum(-1)
+        if k == vocab or bool((mass[..., -1] >= top_p).all()):
+            break
+        k = min(8 * k, vocab)
+    drop = torch.ones(logits.shape, dtype=torch.bool, device=logits.device)
+    return drop.scatter(-1, ids, (mass - probs) >= top_p)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

@@ -54,6 +54,44 @@ def test_warping():
     torch.testing.assert_close(hot, (logits / 0.5).softmax(-1))
 
 
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), vocab=st.sampled_from([1, 7, 300, 5_000]), rows=st.integers(1, 3),
+       scale=st.sampled_from([0.05, 1.0, 8.0]), top_p=st.sampled_from([0.05, 0.5, 0.9, 0.95, 0.999]),
+       top_k=st.sampled_from([0, 3, 1_000]))
+def test_top_p_without_a_full_sort_drops_what_the_sort_drops(seed, vocab, rows, scale, top_p, top_k):
+    """top_p_drop (the nucleus among the largest logits, widened until it holds top_p) against the full sort, on
+    flat rows (scale 0.05: a nucleus of thousands, found after widening), peaked ones, and after top-k's -inf:
+    the same ids, but where the mass before an id is within rounding of top_p (the two sum in other orders; seed
+    0, 5,000 ids, top-p 0.999: 0.99899995 by the sort, 0.99900019 by the log-sum-exp)."""
+    from hyflash.sampling import top_p_drop, top_p_drop_reference
+
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * scale
+    if top_k and top_k < vocab:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    reference = top_p_drop_reference(logits, top_p)
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    sorted_probs = sorted_logits.softmax(-1)
+    before = (sorted_probs.cumsum(-1) - sorted_probs).scatter(-1, order, sorted_probs.cumsum(-1) - sorted_probs)
+    for first in (4, 256):
+        differ = top_p_drop(logits, top_p, first=first) != reference
+        assert (differ.sum(-1) <= 1).all() and ((before - top_p).abs()[differ] < 1e-5).all()
+
+
+def test_top_p_widens_past_its_first_guess():
+    """A flat row whose nucleus (~900 ids) is far wider than the first 4 ids looked at: found whole, as the sort
+    finds it, in one row and beside a peaked row that the first 4 settle."""
+    from hyflash.sampling import top_p_drop, top_p_drop_reference
+
+    flat = torch.linspace(0.0, 0.01, 1_000)
+    peaked = torch.zeros(1_000)
+    peaked[3] = 20.0
+    for logits in (flat[None], torch.stack([peaked, flat])):
+        reference = top_p_drop_reference(logits, 0.9)
+        assert (~reference[-1]).sum() > 800
+        assert torch.equal(top_p_drop(logits, 0.9, first=4), reference)
+
+
 def _chi_square_critical(df: int, alpha_z: float = 3.09) -> float:
     """Upper critical value of chi-square (Wilson-Hilferty); z = 3.09 is alpha = 0.001."""
     return df * (1 - 2 / (9 * df) + alpha_z * math.sqrt(2 / (9 * df))) ** 3
