@@ -8,7 +8,8 @@
 #   DRY_RUN=1 bash experiments/qwen/self_instruct.sh                     the commands, nothing run
 #   git add experiments/qwen/self-instruct-prompts.jsonl data/qwen2.5-coder-1.5b/train-self
 #
-# Stages: prompts (NUM_PROMPTS requests, ~2 s each at 28 tok/s: ~1 h for 1,500), data (the answers, 192 new tokens,
+# Stages: prompts (NUM_PROMPTS requests; one at a time ~16 s a kept one on a Zen 4, 64 per llama.cpp batch since
+# 2026-12-07, ~2-3x faster: ~2 h for the 1,160 left at 340), data (the answers, 192 new tokens,
 # features from llama.cpp's eval callback in the same passes: ~2 h), train (experiments/qwen/train.sh on both
 # folders; on a new machine its first epoch records the features again), then the chat-wild acceptance.
 # Environment: NUM_PROMPTS (1500), OUT (runs/qwen-drafter-self), FEATURES, PYTHON, DRY_RUN.
