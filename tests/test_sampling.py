@@ -72,7 +72,8 @@ def test_top_p_without_a_full_sort_drops_what_the_sort_drops(seed, vocab, rows, 
     reference = top_p_drop_reference(logits, top_p)
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
     sorted_probs = sorted_logits.softmax(-1)
-    before = (sorted_probs.cumsum(-1) - sorted_probs).scatter(-1, order, sorted_probs.cumsum(-1) - sorted_probs)
+    before_sorted = sorted_probs.cumsum(-1) - sorted_probs
+    before = before_sorted.scatter(-1, order, before_sorted)
     for first in (4, 256):
         differ = top_p_drop(logits, top_p, first=first) != reference
         assert (differ.sum(-1) <= 1).all() and ((before - top_p).abs()[differ] < 1e-5).all()

@@ -155,9 +155,15 @@ def sampling_of(config) -> SamplingConfig:
     return SamplingConfig(temperature=config.temperature, top_p=config.top_p, top_k=0)
 
 
+def prompt_seed(config, prompt_index: int) -> int:
+    """The seed of one prompt's sampling draws: the data seed and the prompt's index (`hyflash prompts
+    --self-instruct` seeds its one-at-a-time `generate` with it too, so both paths draw alike)."""
+    return config.seed * 1_000_003 + prompt_index
+
+
 def prompt_generator(config, prompt_index: int) -> torch.Generator:
     """The sampling generator of one prompt: its draws do not depend on its batch or on resuming."""
-    return torch.Generator().manual_seed(config.seed * 1_000_003 + prompt_index)
+    return torch.Generator().manual_seed(prompt_seed(config, prompt_index))
 
 
 class LlamaCppShardMaker:

@@ -31,6 +31,7 @@ import torch
 from hyflash.corpora import Prompt
 from hyflash.errors import HyflashError
 from hyflash.sampling import SamplingConfig
+from hyflash.training.llamacpp_data import BatchedGenerator, Request, prompt_generator, prompt_seed
 from hyflash.training.user_prompts import write_prompt_file
 
 SYSTEMS = (
@@ -111,10 +112,6 @@ def _read_existing(out: Path) -> tuple[list[Prompt], int]:
     return kept, next_attempt
 
 
-def _attempt_seed(config: SelfInstructConfig, attempt: int) -> int:
-    return config.seed * 1_000_003 + attempt
-
-
 def _system(attempt: int) -> str:
     return SYSTEMS[attempt % len(SYSTEMS)]
 
@@ -128,9 +125,7 @@ class _Writer:
         self.target, self.config, self.sampling = target, config, sampling
         self.prefixes = {system: user_turn_prefix(target, system) for system in SYSTEMS}
         self.batched = None
-        if config.batch_size > 1 and hasattr(target, "open_streams"):
-            from hyflash.training.llamacpp_data import BatchedGenerator  # llama.cpp only
-
+        if config.batch_size > 1 and hasattr(target, "open_streams"):  # llama.cpp
             longest = max(len(p) for p in self.prefixes.values()) + config.max_new_tokens
             self.batched = BatchedGenerator(target, config.batch_size, longest, False, torch.float32, sampling)
 
@@ -147,11 +142,9 @@ class _Writer:
 
             return [decoding.generate(self.target, self.prefixes[_system(a)], None,
                                       max_new_tokens=self.config.max_new_tokens, sampling=self.sampling,
-                                      seed=_attempt_seed(self.config, a)).tokens for a in attempts]
-        from hyflash.training.llamacpp_data import Request
-
-        requests = [Request(self.prefixes[_system(a)], self.config.max_new_tokens,
-                            torch.Generator().manual_seed(_attempt_seed(self.config, a))) for a in attempts]
+                                      seed=prompt_seed(self.config, a)).tokens for a in attempts]
+        requests = [Request(self.prefixes[_system(a)], self.config.max_new_tokens, prompt_generator(self.config, a))
+                    for a in attempts]
         return [r.tokens for r in self.batched.generate(requests)]
 
     def close(self) -> None:
