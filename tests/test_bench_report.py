@@ -66,3 +66,8 @@ def test_prompt_ratios_pair_each_repeat_and_take_the_median_of_the_paired_ratios
     [row] = prompt_ratios(results, "default")
     assert row["ratio"] == pytest.approx(1.0) and row["repeat_ratios"] == [1.0, 1.0]
     assert row["fallbacks"] == 1 and row["budget_pauses"] is None and row["kind"] == "prose"
+    # against another baseline (llama-cpp-python's own loop), paired the same way; plain is then not read
+    results = {"runs": [run("plain", 9.0, [9.0, 9.0]), run("llamacpp-plain", 3.0, [3.0, 3.3]),
+                        run("default", 2.0, [2.0, 3.0])]}
+    [row] = prompt_ratios(results, "default", baseline="llamacpp-plain")
+    assert row["repeat_ratios"] == pytest.approx([1.5, 1.1]) and row["ratio"] == pytest.approx(1.3)

@@ -247,14 +247,15 @@ def write_report(results: dict, out_dir: str | Path) -> list[Path]:
     return written
 
 
-def prompt_ratios(results: dict, method: str) -> list[dict]:
-    """Per (temperature, prompt): `method`'s decode speed over plain decoding's on the same prompt in the same run
-    (the never-slower suite's ratio; with --repeats the median of the repeats' paired ratios), with its tau, ceiling (policy.ceiling), the guard's fall-backs and whether
-    the greedy text equals plain's."""
+def prompt_ratios(results: dict, method: str, baseline: str = PLAIN) -> list[dict]:
+    """Per (temperature, prompt): `method`'s decode speed over `baseline`'s (plain decoding unless named, e.g.
+    llama-cpp-python's own loop, `llamacpp-plain`) on the same prompt in the same run (the never-slower suite's
+    ratio; with --repeats the median of the repeats' paired ratios), with its tau, ceiling (policy.ceiling), the
+    guard's fall-backs and whether the greedy text equals plain's."""
     runs = {(r["temperature"], r["set"], r["item_id"], r["method"]): r for r in results["runs"]}
     rows = []
     for (temperature, set_name, item, name), r in runs.items():
-        plain = runs.get((temperature, set_name, item, PLAIN))
+        plain = runs.get((temperature, set_name, item, baseline))
         if name != method or plain is None or not r["decode_time"] or not plain["decode_time"]:
             continue
         speed = lambda run: run["new_tokens"] / run["decode_time"]  # noqa: E731
