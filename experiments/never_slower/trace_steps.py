@@ -1,14 +1,16 @@
 """Where a `--drafter default` generation loses to plain decoding, step by step (issue 36).
 
-Runs plain and default generations of the never-slower prompts named on the command line, twice each, with a
-fresh policy per generation as `hyflash generate` has (`--shared-policy`: one policy for all, as the bench and
-the server keep it), and prints per default generation the time of its steps by
-kind (speculative: a draft verified; probe: the loop drafted but verified nothing; plain: the guard's plain
-steps), each split into drafting, the target pass, and the drafter's ingest, plus its first 30 steps as
+Runs plain and default generations of the prompts (of the never-slower set unless `--set` names another) named on
+the command line, twice each, with a fresh policy per generation as `hyflash generate` has (`--shared-policy`: one
+policy for all, as the bench and the server keep it), and prints per default generation the time of its steps by
+kind (speculative: a draft verified; probe: the loop drafted but verified nothing; plain: the guard's plain steps),
+each split into drafting, the target pass, and the drafter's ingest, plus its first 30 steps as
 (draft length, accepted, draft ms, verify ms, ingest ms, step ms, drafter retired, guard's plain steps left).
 
     ../shared/bin/heavy .venv/bin/python -m experiments.never_slower.trace_steps [--backend llama.cpp] \
         prose:sortedcontainers:128 chat:0          (--temperature 0.7: sampled, plain and default with one seed a pair)
+    ../shared/bin/heavy .venv/bin/python -m experiments.never_slower.trace_steps --model qwen2.5-coder-1.5b \
+        --set chat-wild --n 12 terse-dedupe
 """
 
 from __future__ import annotations
@@ -50,7 +52,10 @@ def by_kind(trace: list[tuple]) -> dict[str, list[float]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("prompts", nargs="+", help="item ids of the never-slower set, e.g. chat:0")
+    parser.add_argument("prompts", nargs="+", help="item ids of the set, e.g. chat:0")
+    parser.add_argument("--set", default="never-slower", help="the bench set the prompts come from (chat-wild: "
+                        "issue 37's hand-written requests)")
+    parser.add_argument("--n", type=int, default=3, help="prompts the set is built with (chat-wild has 12)")
     parser.add_argument("--backend", default="llama.cpp")
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--dtype", default="auto", help="float32 for the suite's transformers runs")
@@ -64,10 +69,10 @@ def main() -> int:
     args = parser.parse_args()
     set_torch_threads()
     target, drafter, _, choice = engine.load(args.model, args.dtype, "default", backend=args.backend)
-    items = {item.item_id: item for item in load_set("never-slower", target, 3, args.max_new_tokens)}
+    items = {item.item_id: item for item in load_set(args.set, target, args.n, args.max_new_tokens)}
     missing = [p for p in args.prompts if p not in items]
     if missing:
-        parser.error(f"not in the never-slower set: {missing}; it has {sorted(items)}")
+        parser.error(f"not in the {args.set} set built with --n {args.n}: {missing}; it has {sorted(items)}")
     shared = traced_policy(choice.curve, args.keep_drafter) if args.shared_policy else None
     for item_id in args.prompts:
         for seed, (name, used) in enumerate((("plain", None), ("default", drafter)) * 2):
