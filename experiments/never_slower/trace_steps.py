@@ -55,7 +55,8 @@ def main() -> int:
     parser.add_argument("prompts", nargs="+", help="item ids of the set, e.g. chat:0")
     parser.add_argument("--set", default="never-slower", help="the bench set the prompts come from (chat-wild: "
                         "issue 37's hand-written requests)")
-    parser.add_argument("--n", type=int, default=3, help="prompts the set is built with (chat-wild has 12)")
+    parser.add_argument("--n", type=int, default=3,
+                        help="prompts the set is built with (issue 37 benched chat-wild with 12)")
     parser.add_argument("--backend", default="llama.cpp")
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--dtype", default="auto", help="float32 for the suite's transformers runs")
