@@ -217,7 +217,9 @@ def test_llamacpp_data_folder_resumes_and_regenerates_bad_shards(lcpp, tmp_path,
     monkeypatch.setattr(data_module, "make_shard", dies_on_shard_1)
     with pytest.raises(KeyboardInterrupt):
         build_dataset(cfg, out, target=lcpp, progress=False, feature_cache=fc)
-    assert "tok/s decoding 2 sequences per batch" in capsys.readouterr().out  # the speed and ETA line
+    said = capsys.readouterr().out
+    assert "tok/s decoding 2 sequences per batch" in said and "with every slot busy" in said  # speed and ETA
+    assert "shard 1 of 3 written (2 of 5 prompts" in said  # the pace, before the kill
     assert [s["index"] for s in read_manifest(out)["shards"]] == [0]
     monkeypatch.setattr(data_module, "make_shard", real)
     build_dataset(cfg, out, target=lcpp, progress=False, feature_cache=fc)
@@ -230,6 +232,9 @@ def test_llamacpp_data_folder_resumes_and_regenerates_bad_shards(lcpp, tmp_path,
     build_dataset(cfg, out, target=lcpp, progress=False, feature_cache=fc)
     said = capsys.readouterr().out
     assert "shard-00000.safetensors is corrupt" in said and "shard-00002.safetensors is missing" in said
+    # Without a bar, each shard says the pace it measured: the resumed run counts only its own prompts.
+    assert "shard 2 of 3 written (4 of 5 prompts" in said and "shard 3 of 3 written (5 of 5 prompts" in said
+    assert "shard 1 of 3 written (4 of 5 prompts" in said and "the rest takes ~0m00s at this pace" in said
     assert shard0.read_bytes() == good and read_manifest(out)["complete"]
     # Features are filed under the key `hyflash train --feature-backend llama.cpp` uses (bfloat16 training).
     data = TokenDataset(out)

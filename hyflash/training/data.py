@@ -312,7 +312,8 @@ def build_dataset(
     from tqdm import tqdm
 
     bar = tqdm(total=len(prompts), unit="prompt", desc=f"data {config.split}", disable=not progress)
-    bar.update(sum(x["sequences"] for x in manifest["shards"]))
+    resumed = done_prompts = sum(x["sequences"] for x in manifest["shards"])
+    bar.update(resumed)
     start, written = time.perf_counter(), 0
     for s in range(n_shards):
         if s in done:
@@ -343,7 +344,11 @@ def build_dataset(
         atomic_write_json(manifest_path, manifest)
         written += generated
         bar.update(len(chunk))
+        done_prompts += len(chunk)
         bar.set_postfix(gen_tok_s=f"{written / (time.perf_counter() - start):.0f}")
+        if not progress:  # a log has no bar: say the pace each shard measured, and what it means for the rest
+            print(shard_pace_line(s, n_shards, done_prompts, len(prompts), done_prompts - resumed,
+                                  time.perf_counter() - start), flush=True)
     bar.close()
     if maker is not None:
         maker.close()
@@ -370,6 +375,18 @@ def shard_intact(folder: Path, shard: dict) -> bool:
         return True
     print(f"{path} is {'corrupt' if path.exists() else 'missing'}: generating it again", flush=True)
     return False
+
+
+def _duration(seconds: float) -> str:
+    minutes = int(seconds) // 60
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{int(seconds) % 60:02d}s"
+
+
+def shard_pace_line(shard: int, n_shards: int, done: int, total: int, done_this_run: int, seconds: float) -> str:
+    """After a shard: where the run is, and the time the rest takes at the pace this run has measured."""
+    rest = seconds / max(done_this_run, 1) * (total - done)
+    return (f"shard {shard + 1} of {n_shards} written ({done:,} of {total:,} prompts, {_duration(seconds)} this run); "
+            f"the rest takes ~{_duration(rest)} at this pace")
 
 
 def measure_speed(maker, target, prompts: list[Prompt], config: DataConfig, warmup_tokens: int = 16) -> str:
