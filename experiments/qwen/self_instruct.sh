@@ -9,12 +9,12 @@
 #   DRY_RUN=1 bash experiments/qwen/self_instruct.sh                     the commands, nothing run
 #   TRAIN_DATA=data/qwen2.5-coder-1.5b/train-self STEPS=500 OUT=runs/qwen-drafter-self-ft \
 #     TRAIN_FLAGS="--init hyflash/assets/drafters/qwen2.5-coder-1.5b --lr 3e-4" ../shared/bin/heavy bash ...
-#       the shipped drafter fine-tuned on the new data alone: its features come from the data stage's cache, where
-#       train-varied's must first be recorded again on a new machine (~718k tokens at ~100 tok/s: ~2 h)
+#       the shipped drafter fine-tuned on the new data alone, on the features the data stage cached (training on
+#       both folders on a new machine first records train-varied's again: ~718k tokens at ~100 tok/s, ~2 h)
 #   git add experiments/qwen/self-instruct-prompts.jsonl data/qwen2.5-coder-1.5b/train-self
 #
 # Stages: prompts (NUM_PROMPTS requests; 64 per llama.cpp batch, ~10 kept a minute on a Zen 4), data (the answers,
-# 192 new tokens, features from llama.cpp's eval callback in the same passes: ETA 1h09m at most for 1,000), train
+# 192 new tokens, features from llama.cpp's eval callback in the same passes: ~1h28m for 1,000 on a Zen 4), train
 # (experiments/qwen/train.sh on TRAIN_DATA, both folders unless told; on a new machine its first epoch records the
 # features again), then the chat-wild acceptance.
 # Environment: NUM_PROMPTS (1000: the data folder's manifest pins the prompts file, so do not grow it under a
