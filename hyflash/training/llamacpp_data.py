@@ -29,6 +29,7 @@ import torch
 from hyflash.errors import HyflashError
 from hyflash.sampling import SamplingConfig, argmax, logits_to_probs, sample
 from hyflash.targets.llamacpp import BATCH
+from hyflash.training.data import duration_text
 
 CONTEXT_STEP = 256  # a stream's context is rounded up to this (llama.cpp pads its cache views to 256 too)
 
@@ -216,7 +217,6 @@ def speed_line(stats: GenerationStats, slots: int, prompt_tokens: int, new_token
     its sequences end (measured on Qwen2.5-Coder-1.5B, 64 prompts a shard at 64 slots: the run took ~1.3x this
     ETA), so `build_dataset` also prints the pace each finished shard measures."""
     seconds = prompt_tokens / stats.prefill_rate() + new_tokens / stats.decode_rate()
-    hours, rest = divmod(int(seconds), 3600)
     return (f"llama.cpp generation here: {stats.decode_rate():.0f} tok/s decoding {slots} sequences per batch, "
             f"{stats.prefill_rate():.0f} tok/s prefill; {prompts} prompts to go ({prompt_tokens:,} prompt tokens, "
-            f"at most {new_tokens:,} new): ETA ~{hours}h{rest // 60:02d}m with every slot busy")
+            f"at most {new_tokens:,} new): ETA ~{duration_text(seconds)} with every slot busy")
