@@ -176,6 +176,8 @@ def main() -> int:
                         help="drafts not bounded by the loss budget left (the policy before 2026-12-05)")
     parser.add_argument("--start-tokens", type=int, default=PolicyConfig.loss_budget_start_tokens,
                         help="the guard's start budget in tokens' worth (PolicyConfig.loss_budget_start_tokens)")
+    parser.add_argument("--loss-budget", type=float, default=PolicyConfig.loss_budget,
+                        help="the guard's loss budget, a share of plain time (PolicyConfig.loss_budget)")
     parser.add_argument("--worst", type=int, default=3, help="--data: show this many slowest sequences")
     parser.add_argument("--loop-ms", type=float, default=0.15, help="the loop's own time a step")
     parser.add_argument("--lookup-ms", type=float, default=0.05, help="the n-gram lookup's time a proposal")
@@ -192,7 +194,7 @@ def main() -> int:
           f"{curve.contexts[0]}: {[round(curve.cost(q, curve.contexts[0]), 2) for q in range(1, 5)]}")
     for name in args.priors.split(","):
         kind, settings = PRIORS[name]
-        config = PolicyConfig(loss_budget_start_tokens=args.start_tokens)
+        config = PolicyConfig(loss_budget=args.loss_budget, loss_budget_start_tokens=args.start_tokens)
         carried = SpeculationPolicy(curve, config) if args.carry else None
         rows = [replay(p, t, curve, lambda clock, ms: kind(clock, ms, **settings), config,
                        vocab, args.loop_ms, args.lookup_ms, carried) for _, p, t in named]

@@ -12,11 +12,14 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD
 PY=${PY:-/work/main/.venv/bin/python}  # DATA may name several folders (space-separated)
+# A new drafter gets its width and draft vocabulary here; an --init drafter keeps its own (hyflash train refuses both).
+shape=(--hidden-size "${WIDTH:-512}" --draft-vocab-size "${DRAFT_VOCAB:-2048}")
+for arg in "$@"; do [ "$arg" = --init ] && shape=(); done
 "$PY" -c 'import sys; from hyflash.cli import main; sys.exit(main())' train \
   --model qwen2.5-coder-1.5b --feature-backend llama.cpp --feature-cache "${FEATURES:-/work/cache/features}" \
   --data ${DATA:-data/qwen2.5-coder-1.5b/train-varied} --out "${OUT:-runs/qwen-drafter}" \
   --kind hyflash --num-layers 1 --block-size 8 --window 256 --chunk-size 16 --memory-rule gated_delta \
-  --hidden-size "${WIDTH:-512}" --draft-vocab-size "${DRAFT_VOCAB:-2048}" --copy-ngram 16 --copy-gate \
+  ${shape[@]+"${shape[@]}"} --copy-ngram 16 --copy-gate \
   --steps "${STEPS:-1500}" --batch-size 8 --anchors 64 --lr 1e-3 --warmup-steps 50 --gamma 4 --max-length 4096 \
   --save-every 25 --log-every 5 --eval-at "${EVAL_AT:-1,500,1000,1500}" --eval-prompts 12 --eval-new-tokens 96 \
   --threads 2 --no-progress "$@"
