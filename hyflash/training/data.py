@@ -385,10 +385,13 @@ def duration_text(seconds: float) -> str:
 
 
 def shard_pace_line(shard: int, n_shards: int, done: int, total: int, done_this_run: int, seconds: float) -> str:
-    """After a shard: where the run is, and the time the rest takes at the pace this run has measured."""
+    """After a shard: where the run is, and the time the rest takes at the pace this run has measured (nothing
+    about the rest once every prompt is written)."""
+    line = f"shard {shard + 1} of {n_shards} written ({done:,} of {total:,} prompts, {duration_text(seconds)} this run)"
+    if done >= total:
+        return line
     rest = seconds / max(done_this_run, 1) * (total - done)
-    return (f"shard {shard + 1} of {n_shards} written ({done:,} of {total:,} prompts, {duration_text(seconds)} this run); "
-            f"the rest takes ~{duration_text(rest)} at this pace")
+    return f"{line}; the rest takes ~{duration_text(rest)} at this pace"
 
 
 def measure_speed(maker, target, prompts: list[Prompt], config: DataConfig, warmup_tokens: int = 16) -> str:
