@@ -11,6 +11,7 @@
 #     TRAIN_FLAGS="--init hyflash/assets/drafters/qwen2.5-coder-1.5b --lr 3e-4" ../shared/bin/heavy bash ...
 #       the shipped drafter fine-tuned on the new data alone, on the features the data stage cached (training on
 #       both folders on a new machine first records train-varied's again: ~718k tokens at ~100 tok/s, ~2 h)
+#       (tried 2026-12-07: chat-wild tau 1.80 -> 1.83, not shipped; experiments/qwen/README.md section 5)
 #   git add experiments/qwen/self-instruct-prompts.jsonl data/qwen2.5-coder-1.5b/train-self
 #
 # Stages: prompts (NUM_PROMPTS requests; 64 per llama.cpp batch, ~10 kept a minute on a Zen 4), data (the answers,
