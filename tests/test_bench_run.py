@@ -209,6 +209,22 @@ def test_resume_keeps_matching_records_and_runs_only_what_is_missing(tmp_path):
         bench({"a": drafter("a", 2)}, max_new_tokens=6)
 
 
+def test_resume_with_repeats_skips_prompts_whose_records_are_all_kept(tmp_path):
+    """--resume --repeats N: a prompt with every method's record kept runs nothing (it once divided by the empty
+    list of methods left to run), and only the missing prompt is timed again, N times."""
+    target = word_target()
+    config = BenchConfig(sets=("prose",), n=2, max_new_tokens=8, temperatures=(0.0,), methods=("plain", "ngram"),
+                         repeats=2, memory_contexts=())
+    first = run_bench(config, target=target, out_dir=tmp_path / "bench", log=lambda line: None)
+    on_disk = json.loads((tmp_path / "bench" / "results.json").read_text())
+    on_disk["runs"] = on_disk["runs"][:-2]  # stopped before its second prompt
+    (tmp_path / "bench" / "results.json").write_text(json.dumps(on_disk))
+    resumed = run_bench(config, target=target, out_dir=tmp_path / "bench", log=lambda line: None, resume=True)
+    assert resumed["meta"]["resumed"][-1]["records_kept"] == 2 and len(resumed["runs"]) == 4
+    assert resumed["runs"][:2] == first["runs"][:2]
+    assert all(len(r["decode_times"]) == 2 for r in resumed["runs"][2:])
+
+
 def test_repeats_time_the_same_generation_and_keep_the_median_run():
     """--repeats: each method runs from the policy state it had before the prompt each time (not one that learned
     from its own repeats), in rotated order, and the run of median decode time stands; the state after the

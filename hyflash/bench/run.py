@@ -361,7 +361,7 @@ def _repeated(order: list, repeats: int, run: Callable) -> dict:
     state it had before the first (a repeat times the same generation, not one that learned from the others),
     and its run of median decode time stands, with all the times in `decode_times`. What the policy learned in
     the first run carries on to the next prompt, as without repeats."""
-    if repeats == 1:
+    if repeats == 1 or not order:  # nothing left to run: a resumed prompt whose records are all kept
         return {m.name: run(m) for m in order}
     start = {m.name: copy.deepcopy(getattr(m, "policy", None)) for m in order}
     after_first, timed = {}, {m.name: [] for m in order}
