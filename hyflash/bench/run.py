@@ -313,7 +313,9 @@ def run_bench(
                 key = (temperature, set_name, prompt.item_id)
                 order = [m for m in methods[i % len(methods):] + methods[: i % len(methods)]
                          if (*key, m.name) not in kept_records]
-                if config.replay:
+                if not order:  # resumed: every method's record on this prompt is kept
+                    runs = {}
+                elif config.replay:
                     runs = _replayed(order, target, list(prompt.ids), config.max_new_tokens)
                 else:
                     runs = _repeated(order, config.repeats,
@@ -348,8 +350,6 @@ def run_bench(
 def _replayed(order: list, target, prompt_ids: list[int], max_new_tokens: int) -> dict:
     """{method name: its PromptRun} on one prompt by acceptance replay: one recorded greedy decode, then every
     method (our loop's, the only ones a replay can run) against the recording."""
-    if not order:
-        return {}
     recording, _ = record_greedy(target, prompt_ids, max_new_tokens)
     replay = ReplayTarget(target, recording)
     return {m.name: m.run(replay, prompt_ids, max_new_tokens, SamplingConfig(), 0) for m in order}
@@ -361,7 +361,7 @@ def _repeated(order: list, repeats: int, run: Callable) -> dict:
     state it had before the first (a repeat times the same generation, not one that learned from the others),
     and its run of median decode time stands, with all the times in `decode_times`. What the policy learned in
     the first run carries on to the next prompt, as without repeats."""
-    if repeats == 1 or not order:  # nothing left to run: a resumed prompt whose records are all kept
+    if repeats == 1:
         return {m.name: run(m) for m in order}
     start = {m.name: copy.deepcopy(getattr(m, "policy", None)) for m in order}
     after_first, timed = {}, {m.name: [] for m in order}
