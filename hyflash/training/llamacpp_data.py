@@ -214,7 +214,7 @@ class LlamaCppShardMaker:
 def speed_line(stats: GenerationStats, slots: int, prompt_tokens: int, new_tokens: int, prompts: int) -> str:
     """The line printed before a long run: measured speeds and the ETA of the rest with every slot busy. Not a bound
     either way: sequences that end early write fewer than their maximum new tokens, but a shard's batch drains as
-    its sequences end (measured on Qwen2.5-Coder-1.5B, 64 prompts a shard at 64 slots: the run took ~1.3x this
+    its sequences end (measured on Qwen2.5-Coder-1.5B, 64 prompts a shard at 64 slots: runs took 1.3-1.5x this
     ETA), so `build_dataset` also prints the pace each finished shard measures."""
     seconds = prompt_tokens / stats.prefill_rate() + new_tokens / stats.decode_rate()
     return (f"llama.cpp generation here: {stats.decode_rate():.0f} tok/s decoding {slots} sequences per batch, "
