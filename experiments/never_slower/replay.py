@@ -110,11 +110,12 @@ class Replayed:
 
 
 def replay(prompt: list[int], truth: list[int], curve: CostCurve, make_drafter, config: PolicyConfig,
-           vocab: int, loop_ms: float = 0.15, lookup_ms: float = 0.05, policy: SpeculationPolicy | None = None
-           ) -> Replayed:
+           vocab: int, loop_ms: float = 0.15, lookup_ms: float = 0.05, policy: SpeculationPolicy | None = None,
+           forget: float = 0.0) -> Replayed:
     """One greedy generation of len(truth) tokens, plain and with the drafter make_drafter(clock) returns; with
     `policy`, the speculative one carries on with that policy (what it learned about acceptance so far), as the
-    bench and a server do, else with a fresh one, as `hyflash generate` does."""
+    bench and a server do, else with a fresh one, as `hyflash generate` does; `forget`: the share of that policy's
+    acceptance counts dropped before the generation (0: all kept, as the library does)."""
     times, tau, stats = [], 1.0, {}
     for with_drafter in (False, True):
         clock = [0.0]
@@ -123,6 +124,10 @@ def replay(prompt: list[int], truth: list[int], curve: CostCurve, make_drafter, 
             target = ReplayTarget(prompt, truth, curve, clock, vocab, loop_ms)
             drafter = make_drafter(clock, lookup_ms) if with_drafter else None
             used = policy if policy is not None and with_drafter else SpeculationPolicy(curve, config)
+            if used is policy and forget:  # keep 1 - forget of what earlier generations taught the calibrator
+                for counts in (used.calibrator.accepted, used.calibrator.reached):
+                    for key in counts:
+                        counts[key] *= 1 - forget
             result = generate(target, prompt, drafter, max_new_tokens=len(truth), stop_at_eos=False, policy=used)
         finally:
             decoding._clock = decoding.time.perf_counter
@@ -178,6 +183,8 @@ def main() -> int:
                         help="the guard's start budget in tokens' worth (PolicyConfig.loss_budget_start_tokens)")
     parser.add_argument("--loss-budget", type=float, default=PolicyConfig.loss_budget,
                         help="the guard's loss budget, a share of plain time (PolicyConfig.loss_budget)")
+    parser.add_argument("--forget", type=float, default=0.0,
+                        help="--carry: the share of the acceptance counts dropped before each sequence (0: none)")
     parser.add_argument("--worst", type=int, default=3, help="--data: show this many slowest sequences")
     parser.add_argument("--loop-ms", type=float, default=0.15, help="the loop's own time a step")
     parser.add_argument("--lookup-ms", type=float, default=0.05, help="the n-gram lookup's time a proposal")
@@ -197,7 +204,7 @@ def main() -> int:
         config = PolicyConfig(loss_budget=args.loss_budget, loss_budget_start_tokens=args.start_tokens)
         carried = SpeculationPolicy(curve, config) if args.carry else None
         rows = [replay(p, t, curve, lambda clock, ms: kind(clock, ms, **settings), config,
-                       vocab, args.loop_ms, args.lookup_ms, carried) for _, p, t in named]
+                       vocab, args.loop_ms, args.lookup_ms, carried, args.forget) for _, p, t in named]
         total = sum(r.plain_ms for r in rows) / sum(r.ms for r in rows)
         speedups = [r.speedup for r in rows]
         print(f"{name:14s} total {total:.3f}x  min {min(speedups):.3f}x  median {statistics.median(speedups):.3f}x  "
