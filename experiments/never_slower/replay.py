@@ -189,6 +189,10 @@ def main() -> int:
     parser.add_argument("--loop-ms", type=float, default=0.15, help="the loop's own time a step")
     parser.add_argument("--lookup-ms", type=float, default=0.05, help="the n-gram lookup's time a proposal")
     args = parser.parse_args()
+    if not 0 <= args.forget <= 1:
+        parser.error(f"--forget is a share of the counts, from 0 to 1; got {args.forget}")
+    if args.forget and not args.carry:
+        parser.error("--forget drops what a carried policy learned: add --carry (a fresh policy has nothing to forget)")
     if args.uncapped:
         SpeculationPolicy.affordable_length = lambda self, pass_cost, limit: limit
     curve = CostCurve.from_dict(json.loads(args.curve.read_text())["meta"]["cost_curve"])
