@@ -3,7 +3,7 @@
 # same twelve hand-written prompts (../acceptance-chat-wild-0.5b/), so the requests are predictable. Two drafters
 # trained from scratch on the same data (train-self, whose features this machine has cached), same steps and
 # recipe, one layer against two, then scored with every draft verified on chat-wild.
-#   /work/shared/bin/heavy bash experiments/qwen/capacity/run.sh        (~1 h on a Zen 4; --resume continues)
+#   /work/shared/bin/heavy bash experiments/qwen/capacity/run.sh        (86 min on a Zen 4; rerun it to continue)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 steps=${STEPS:-500}
