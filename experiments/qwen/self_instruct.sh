@@ -38,6 +38,5 @@ run "$py" -m hyflash.cli data --backend llama.cpp --model qwen2.5-coder-1.5b --p
 read -ra train_flags <<< "${TRAIN_FLAGS:-}"
 run env PY="$py" FEATURES="$features" DATA="${TRAIN_DATA:-data/qwen2.5-coder-1.5b/train-varied $data}" OUT="$out" \
   bash experiments/qwen/train.sh --resume ${train_flags[@]+"${train_flags[@]}"}
-run "$py" -m hyflash.cli bench --backend llama.cpp --model qwen2.5-coder-1.5b --sets chat-wild --n 12 \
-  --max-new-tokens 96 --temperatures 0 --no-adaptive --methods plain,ngram --drafter shipped=hyflash/assets/drafters/qwen2.5-coder-1.5b \
-  --drafter self="$out/drafter" --memory-contexts '' --sweep-kinds '' --out experiments/qwen/acceptance-chat-wild-self
+run env PY="$py" bash experiments/qwen/acceptance.sh experiments/qwen/acceptance-chat-wild-self chat-wild 12 \
+  --methods plain,ngram --drafter shipped=hyflash/assets/drafters/qwen2.5-coder-1.5b --drafter self="$out/drafter"

@@ -11,7 +11,5 @@ for layers in 1 2; do
   STEPS=$steps EVAL_AT=$steps DATA=data/qwen2.5-coder-1.5b/train-self OUT=runs/qwen-capacity-l$layers \
     PY=.venv/bin/python bash experiments/qwen/train.sh --resume --num-layers $layers
 done
-.venv/bin/python -m hyflash.cli bench --backend llama.cpp --model qwen2.5-coder-1.5b --no-adaptive --methods ngram \
-  --drafter layers1=runs/qwen-capacity-l1/drafter --drafter layers2=runs/qwen-capacity-l2/drafter \
-  --sets chat-wild --n 12 --max-new-tokens 96 --temperatures 0 --memory-contexts '' --sweep-kinds '' --threads 2 \
-  --out experiments/qwen/capacity/chat-wild
+bash experiments/qwen/acceptance.sh experiments/qwen/capacity/chat-wild chat-wild 12 --methods ngram \
+  --drafter layers1=runs/qwen-capacity-l1/drafter --drafter layers2=runs/qwen-capacity-l2/drafter --threads 2
